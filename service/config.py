@@ -1,0 +1,287 @@
+"""The sink's configuration: one typed place for every option.
+
+A YAML file is read, ``${VAR}`` / ``${VAR:-default}`` references are replaced from the environment,
+and variables named ``ICESINK_<SECTION>__<KEY>`` (for example ``ICESINK_TXNLOG__DSN`` or
+``ICESINK_CATALOG__CREDENTIAL``) override single keys, so secrets never have to sit in the file.
+Unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from service.units import parse_duration, parse_size
+
+ENV_PREFIX = "ICESINK_"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """The configuration can't be used; the message says which key and what to change."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Mode(str, Enum):
+    UPSERT = "upsert"
+    APPEND = "append"
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str
+    topics: list[str] = Field(min_length=1)
+    options: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Kafka client properties (security.protocol, sasl.*, ...) for every client.",
+    )
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    dead_letter_topic: str | None = None
+
+
+class SourceConfig(_Section):
+    format: Literal["debezium-json"] = "debezium-json"
+    max_record_bytes: int = 8 * 1024 * 1024
+
+    @field_validator("max_record_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int:
+        return parse_size(value)
+
+
+class ColumnConfig(_Section):
+    """A column of the table, used when the change events carry no schema section."""
+
+    name: str
+    type: str = Field(description="Iceberg type: long, int, string, decimal(10,2), date, timestamp, ...")
+    required: bool = False
+    encoding: str | None = Field(
+        default=None,
+        description="How the value is encoded in the event, as a Debezium/Kafka Connect logical name, "
+        "e.g. io.debezium.time.Timestamp for a millisecond timestamp. Defaults per type.",
+    )
+
+
+class TableConfig(_Section):
+    identifier: str
+    key: list[str] = Field(default_factory=list)
+    mode: Mode = Mode.UPSERT
+    partition_by: list[str] = Field(default_factory=list)
+    properties: dict[str, str] = Field(default_factory=dict)
+    columns: list[ColumnConfig] = Field(default_factory=list)
+    create: bool = True
+
+    @field_validator("identifier")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if "." not in value or value.startswith(".") or value.endswith("."):
+            raise ValueError(f"expected namespace.table, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _key_for_upsert(self) -> TableConfig:
+        if self.mode is Mode.UPSERT and not self.key:
+            raise ValueError("upsert mode needs table.key (the primary-key columns)")
+        return self
+
+    @property
+    def namespace(self) -> tuple[str, ...]:
+        return tuple(self.identifier.split(".")[:-1])
+
+    @property
+    def name(self) -> str:
+        return self.identifier.split(".")[-1]
+
+
+class TxnLogConfig(_Section):
+    dsn: str
+    schema_name: str = Field(default="icesink", alias="schema")
+    lock_timeout: timedelta = timedelta(seconds=30)
+    session_timeout: timedelta = Field(
+        default=timedelta(seconds=20),
+        description="How long a dead or frozen writer can keep the sink's row locked.",
+    )
+
+    @field_validator("lock_timeout", "session_timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+
+class CommitConfig(_Section):
+    min_size: int | None = None
+    max_period: timedelta | None = None
+    trigger_interval: timedelta = timedelta(seconds=1)
+    retries: int = Field(default=10, ge=0)
+
+    @field_validator("min_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @field_validator("max_period", "trigger_interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta | None:
+        return None if value is None else parse_duration(value)
+
+
+class WriteConfig(_Section):
+    target_file_size: int = 512 * 1024 * 1024
+    compression: Literal["zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"] = "zstd"
+    compression_level: int | None = None
+    row_group_limit: int | None = Field(default=None, gt=0)
+    page_size: int | None = None
+    parallelism: int = Field(default=2, ge=1, description="Spark tasks that write files for one batch.")
+
+    @field_validator("target_file_size", "page_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+
+class SparkConfig(_Section):
+    master: str = "local[*]"
+    app_name: str | None = None
+    jars: list[str] = Field(default_factory=list)
+    conf: dict[str, str] = Field(default_factory=dict)
+    checkpoint_dir: str | None = None
+
+
+class MetricsConfig(_Section):
+    prometheus_port: int | None = None
+    otlp_endpoint: str | None = None
+    export_interval: timedelta = timedelta(seconds=10)
+
+    @field_validator("export_interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+
+class HealthConfig(_Section):
+    port: int | None = None
+    host: str = "0.0.0.0"
+
+
+class LogConfig(_Section):
+    level: str = "INFO"
+    format: Literal["text", "json"] = "text"
+
+
+class SinkConfig(_Section):
+    sink_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    kafka: KafkaConfig
+    source: SourceConfig = SourceConfig()
+    table: TableConfig
+    catalog: dict[str, str]
+    txnlog: TxnLogConfig
+    commit: CommitConfig = CommitConfig()
+    write: WriteConfig = WriteConfig()
+    spark: SparkConfig = SparkConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    health: HealthConfig = HealthConfig()
+    log: LogConfig = LogConfig()
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_strings(cls, value: Any) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            raise ValueError("catalog must be a mapping of pyiceberg catalog properties")
+        return {str(k): str(v) for k, v in value.items()}
+
+    @property
+    def catalog_name(self) -> str:
+        return self.catalog.get("name", "default")
+
+    @property
+    def catalog_properties(self) -> dict[str, str]:
+        return {k: v for k, v in self.catalog.items() if k != "name"}
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.kafka.dead_letter_topic or f"{self.sink_id}.dlq"
+
+
+def _interpolate(value: Any, env: Mapping[str, str], path: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{path}: environment variable {name} is not set")
+
+        return _ENV_REF.sub(replace, value)
+    return value
+
+
+def _apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``ICESINK_TXNLOG__DSN=...`` sets ``txnlog.dsn``; ``__`` separates levels."""
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{name}: {'.'.join(parts[:-1])} is not a section")
+            node = child
+        key = parts[-1]
+        # Catalog properties use dots and dashes (s3.secret-access-key); env names can't.
+        if parts[0] == "catalog" and len(parts) == 2:
+            key = key.replace("_", "-") if key.replace("_", "-") in node else key
+        node[key] = value
+    return raw
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        elif item["type"] == "missing":
+            lines.append(f"{where}: required key is missing")
+        else:
+            lines.append(f"{where}: {item['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def parse_config(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> SinkConfig:
+    environment = dict(os.environ if env is None else env)
+    data = _apply_env_overrides(_interpolate(dict(raw), environment, ""), environment)
+    try:
+        return SinkConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> SinkConfig:
+    file = Path(path)
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"configuration file not found: {file}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: expected a mapping at the top level")
+    return parse_config(raw, env)

@@ -1,0 +1,243 @@
+"""Columns of a CDC table: their Iceberg type and how a value is encoded in a Debezium event.
+
+Debezium (through Kafka Connect's JSON converter) encodes many types as plain JSON integers or strings
+and says what they mean only in the ``schema`` section: ``io.debezium.time.MicroTimestamp`` is an int64
+of microseconds, ``org.apache.kafka.connect.data.Decimal`` is base64 of a big-endian two's complement
+unscaled integer. A :class:`Column` keeps both facts so decoding never has to guess.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+
+class Encoding(str, Enum):
+    """How a column's value travels in the JSON event."""
+
+    INTEGER = "integer"
+    FLOATING = "floating"
+    BOOLEAN = "boolean"
+    STRING = "string"
+    BYTES_BASE64 = "bytes-base64"
+    DECIMAL_BASE64 = "decimal-base64"  # org.apache.kafka.connect.data.Decimal
+    DECIMAL_TEXT = "decimal-text"  # decimal.handling.mode=string|double
+    DATE_DAYS = "date-days"
+    TIME_MILLIS = "time-millis"
+    TIME_MICROS = "time-micros"
+    TIME_NANOS = "time-nanos"
+    TIMESTAMP_MILLIS = "timestamp-millis"
+    TIMESTAMP_MICROS = "timestamp-micros"
+    TIMESTAMP_NANOS = "timestamp-nanos"
+    TIMESTAMP_ISO = "timestamp-iso"  # io.debezium.time.ZonedTimestamp / IsoTimestamp text
+    UUID_TEXT = "uuid-text"
+
+
+# Logical type names (schema.name in the event) and what they become.
+_LOGICAL: dict[str, tuple[Encoding, IcebergType | None]] = {
+    "io.debezium.time.Date": (Encoding.DATE_DAYS, DateType()),
+    "org.apache.kafka.connect.data.Date": (Encoding.DATE_DAYS, DateType()),
+    "io.debezium.time.Time": (Encoding.TIME_MILLIS, TimeType()),
+    "org.apache.kafka.connect.data.Time": (Encoding.TIME_MILLIS, TimeType()),
+    "io.debezium.time.MicroTime": (Encoding.TIME_MICROS, TimeType()),
+    "io.debezium.time.NanoTime": (Encoding.TIME_NANOS, TimeType()),
+    "io.debezium.time.Timestamp": (Encoding.TIMESTAMP_MILLIS, TimestampType()),
+    "org.apache.kafka.connect.data.Timestamp": (Encoding.TIMESTAMP_MILLIS, TimestampType()),
+    "io.debezium.time.MicroTimestamp": (Encoding.TIMESTAMP_MICROS, TimestampType()),
+    "io.debezium.time.NanoTimestamp": (Encoding.TIMESTAMP_NANOS, TimestampType()),
+    "io.debezium.time.ZonedTimestamp": (Encoding.TIMESTAMP_ISO, TimestamptzType()),
+    "io.debezium.data.Uuid": (Encoding.UUID_TEXT, UUIDType()),
+    "io.debezium.data.Json": (Encoding.STRING, StringType()),
+    "io.debezium.data.Xml": (Encoding.STRING, StringType()),
+    "io.debezium.data.Enum": (Encoding.STRING, StringType()),
+    "io.debezium.time.ZonedTime": (Encoding.STRING, StringType()),
+}
+
+_CONNECT_PRIMITIVES: dict[str, tuple[Encoding, IcebergType]] = {
+    "int8": (Encoding.INTEGER, IntegerType()),
+    "int16": (Encoding.INTEGER, IntegerType()),
+    "int32": (Encoding.INTEGER, IntegerType()),
+    "int64": (Encoding.INTEGER, LongType()),
+    "float32": (Encoding.FLOATING, FloatType()),
+    "float": (Encoding.FLOATING, FloatType()),
+    "float64": (Encoding.FLOATING, DoubleType()),
+    "double": (Encoding.FLOATING, DoubleType()),
+    "boolean": (Encoding.BOOLEAN, BooleanType()),
+    "string": (Encoding.STRING, StringType()),
+    "bytes": (Encoding.BYTES_BASE64, BinaryType()),
+}
+
+_DEFAULT_ENCODING: dict[type[IcebergType], Encoding] = {
+    IntegerType: Encoding.INTEGER,
+    LongType: Encoding.INTEGER,
+    FloatType: Encoding.FLOATING,
+    DoubleType: Encoding.FLOATING,
+    BooleanType: Encoding.BOOLEAN,
+    StringType: Encoding.STRING,
+    BinaryType: Encoding.BYTES_BASE64,
+    FixedType: Encoding.BYTES_BASE64,
+    DecimalType: Encoding.DECIMAL_BASE64,
+    DateType: Encoding.DATE_DAYS,
+    TimeType: Encoding.TIME_MICROS,
+    TimestampType: Encoding.TIMESTAMP_MICROS,
+    TimestamptzType: Encoding.TIMESTAMP_ISO,
+    UUIDType: Encoding.UUID_TEXT,
+}
+
+_SIMPLE_TYPES: dict[str, IcebergType] = {
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "integer": IntegerType(),
+    "long": LongType(),
+    "bigint": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "string": StringType(),
+    "binary": BinaryType(),
+    "date": DateType(),
+    "time": TimeType(),
+    "timestamp": TimestampType(),
+    "timestamptz": TimestamptzType(),
+    "uuid": UUIDType(),
+}
+_DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_FIXED_RE = re.compile(r"^fixed\[\s*(\d+)\s*\]$")
+
+
+class SchemaError(ValueError):
+    """A schema (configured, in an event, or in the table) that icesink can't use as it is."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: PrimitiveType
+    required: bool
+    encoding: Encoding
+
+    @property
+    def is_decimal(self) -> bool:
+        return isinstance(self.type, DecimalType)
+
+
+def parse_iceberg_type(text: str) -> PrimitiveType:
+    """``long``, ``decimal(10,2)``, ``fixed[16]``, ... → the pyiceberg type."""
+    key = text.strip().lower()
+    if key in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[key]  # type: ignore[return-value]
+    if match := _DECIMAL_RE.match(key):
+        precision, scale = int(match.group(1)), int(match.group(2))
+        if not 0 < precision <= 38 or scale > precision:
+            raise SchemaError(f"decimal({precision},{scale}): precision must be 1..38 and scale <= precision")
+        return DecimalType(precision, scale)
+    if match := _FIXED_RE.match(key):
+        return FixedType(int(match.group(1)))
+    raise SchemaError(
+        f"unknown column type {text!r}; use one of {sorted(_SIMPLE_TYPES)}, decimal(p,s), fixed[n]"
+    )
+
+
+def default_encoding(iceberg_type: IcebergType) -> Encoding:
+    return _DEFAULT_ENCODING.get(type(iceberg_type), Encoding.STRING)
+
+
+def column_from_config(name: str, type_text: str, required: bool, encoding: str | None) -> Column:
+    iceberg_type = parse_iceberg_type(type_text)
+    if encoding is None:
+        enc = default_encoding(iceberg_type)
+    elif encoding in _LOGICAL:
+        enc = _LOGICAL[encoding][0]
+    else:
+        try:
+            enc = Encoding(encoding)
+        except ValueError:
+            raise SchemaError(
+                f"column {name}: unknown encoding {encoding!r}; use a Debezium logical name "
+                f"({', '.join(sorted(_LOGICAL))}) or one of {[e.value for e in Encoding]}"
+            ) from None
+    return Column(name, iceberg_type, required, enc)
+
+
+def column_from_connect(field: dict[str, Any]) -> Column:
+    """Map one field of a Kafka Connect JSON schema (``{"type", "name", "parameters", "optional", "field"}``)."""
+    name = field.get("field")
+    connect_type = field.get("type")
+    logical = field.get("name")
+    if not isinstance(name, str) or not isinstance(connect_type, str):
+        raise SchemaError(f"schema field without a name or type: {field}")
+    required = not field.get("optional", True)
+    if logical == "org.apache.kafka.connect.data.Decimal":
+        params = field.get("parameters") or {}
+        scale = int(params.get("scale", 0))
+        precision = int(params.get("connect.decimal.precision", 38))
+        return Column(name, DecimalType(min(precision, 38), scale), required, Encoding.DECIMAL_BASE64)
+    if logical == "io.debezium.data.VariableScaleDecimal":
+        raise SchemaError(
+            f"column {name}: io.debezium.data.VariableScaleDecimal has no fixed scale; "
+            "configure the connector with decimal.handling.mode=string or precise column types"
+        )
+    if isinstance(logical, str) and logical in _LOGICAL:
+        encoding, iceberg_type = _LOGICAL[logical]
+        return Column(name, iceberg_type, required, encoding)  # type: ignore[arg-type]
+    if connect_type in _CONNECT_PRIMITIVES:
+        encoding, iceberg_type = _CONNECT_PRIMITIVES[connect_type]
+        return Column(name, iceberg_type, required, encoding)  # type: ignore[arg-type]
+    raise SchemaError(
+        f"column {name}: unsupported Kafka Connect type {connect_type!r} ({logical or 'no logical name'})"
+    )
+
+
+def columns_from_envelope_schema(schema: dict[str, Any]) -> list[Column]:
+    """Columns of the ``after`` struct of a Debezium envelope's ``schema`` section."""
+    for field in schema.get("fields", []):
+        if field.get("field") in ("after", "before") and field.get("type") == "struct":
+            return [column_from_connect(f) for f in field.get("fields", [])]
+    raise SchemaError("the event's schema section has no 'after'/'before' struct")
+
+
+def columns_for_table(schema: Schema, encodings: dict[str, Encoding] | None = None) -> list[Column]:
+    """Columns of an existing table, with encodings from the events' schema where known."""
+    result = []
+    for field in schema.fields:
+        if not isinstance(field.field_type, PrimitiveType):
+            raise SchemaError(f"column {field.name}: nested type {field.field_type} is not supported")
+        encoding = (encodings or {}).get(field.name) or default_encoding(field.field_type)
+        result.append(Column(field.name, field.field_type, field.required, encoding))
+    return result
+
+
+def iceberg_schema(columns: list[Column], key: list[str]) -> Schema:
+    """A fresh table schema; key columns become required identifier fields."""
+    names = [c.name for c in columns]
+    missing = [k for k in key if k not in names]
+    if missing:
+        raise SchemaError(f"key column(s) {missing} are not among the columns {names}")
+    fields = [
+        NestedField(field_id=i + 1, name=c.name, field_type=c.type, required=c.required or c.name in key)
+        for i, c in enumerate(columns)
+    ]
+    ids = [f.field_id for f in fields if f.name in key]
+    return Schema(*fields, identifier_field_ids=ids)

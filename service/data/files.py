@@ -1,0 +1,169 @@
+"""Parquet data files and equality-delete files for one batch, written where the rows are.
+
+This module runs inside Spark's Python workers (through ``mapInArrow``): each task turns its share of
+the batch's rows into files on the object store and hands back only their metadata. It leans on
+pyiceberg for everything a table-aware writer must get right (field ids, partition values,
+column statistics, file rolling at the target size) and adds the one thing pyiceberg does not do:
+turning a key-only file into an equality-delete file.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.manifest import DataFile, DataFileContent
+from pyiceberg.table import TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.types import TimeType, UUIDType
+
+from service.iceberg.datafile_json import to_json
+
+# Column of the rows fed to the writer that says what a row is (see service.data.changes).
+OP_COLUMN = "__icesink_op"
+DELETE_OP = "d"
+
+OUTPUT_SCHEMA = "content int, file string"
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Everything a Spark task needs to write files for one table; pickled to the executors."""
+
+    metadata: TableMetadata
+    io_properties: dict[str, str]
+    key: list[str]
+    upsert: bool
+    delete_spec_id: int | None
+    writer_properties: dict[str, str] = field(default_factory=dict)
+
+    def data_metadata(self) -> TableMetadata:
+        """The table's metadata with the sink's writer settings (compression, file size) on top."""
+        return self.metadata.model_copy(
+            update={"properties": {**self.metadata.properties, **self.writer_properties}}
+        )
+
+    def delete_metadata(self) -> TableMetadata:
+        """Metadata that makes pyiceberg write key-only files under the delete spec."""
+        base = self.data_metadata()
+        key_schema = base.schema().select(*self.key)
+        return base.model_copy(
+            update={
+                "schemas": [key_schema],
+                "current_schema_id": key_schema.schema_id,
+                "default_spec_id": self.delete_spec_id,
+            }
+        )
+
+
+def _to_table_types(batch: pa.Table, metadata: TableMetadata) -> pa.Table:
+    """Spark has no TIME or UUID type: those columns arrive as int64 micros / text; convert them."""
+    schema = metadata.schema()
+    columns = []
+    for name in batch.column_names:
+        column = batch[name]
+        iceberg_type = schema.find_field(name).field_type
+        if isinstance(iceberg_type, TimeType):
+            column = column.cast(pa.time64("us"))
+        elif isinstance(iceberg_type, UUIDType):
+            column = pa.chunked_array(
+                [
+                    pa.array(
+                        [None if v is None else uuid.UUID(v).bytes for v in column.to_pylist()], pa.binary(16)
+                    )
+                ]
+            ).cast(pa.uuid())
+        columns.append(column)
+    return pa.table(columns, names=batch.column_names)
+
+
+def _as_equality_delete(data_file: DataFile, equality_ids: list[int], spec_id: int) -> DataFile:
+    delete_file = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path=data_file.file_path,
+        file_format=data_file.file_format,
+        partition=data_file.partition,
+        record_count=data_file.record_count,
+        file_size_in_bytes=data_file.file_size_in_bytes,
+        column_sizes=data_file.column_sizes,
+        value_counts=data_file.value_counts,
+        null_value_counts=data_file.null_value_counts,
+        nan_value_counts=data_file.nan_value_counts,
+        lower_bounds=data_file.lower_bounds,
+        upper_bounds=data_file.upper_bounds,
+        split_offsets=data_file.split_offsets,
+        equality_ids=equality_ids,
+        sort_order_id=None,
+        key_metadata=None,
+    )
+    delete_file.spec_id = spec_id
+    return delete_file
+
+
+def write_files(spec: WriteSpec, rows: pa.Table) -> tuple[list[DataFile], list[DataFile]]:
+    """Write ``rows`` (table columns plus :data:`OP_COLUMN`); return (data files, delete files)."""
+    io = load_file_io(spec.io_properties, spec.metadata.location)
+    columns = [f.name for f in spec.metadata.schema().fields]
+    data_files: list[DataFile] = []
+    delete_files: list[DataFile] = []
+    if rows.num_rows == 0:
+        return data_files, delete_files
+    write_id = uuid.uuid4()
+    if spec.upsert:
+        if spec.delete_spec_id is None:
+            raise ValueError("upsert mode needs a delete spec")
+        metadata = spec.delete_metadata()
+        keys = _to_table_types(rows.select(spec.key), metadata)
+        equality_ids = [metadata.schema().find_field(k).field_id for k in spec.key]
+        for f in _dataframe_to_data_files(metadata, keys, io, write_uuid=write_id):
+            delete_files.append(_as_equality_delete(f, equality_ids, spec.delete_spec_id))
+        rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
+    if rows.num_rows:
+        metadata = spec.data_metadata()
+        data = _to_table_types(rows.select(columns), metadata)
+        for f in _dataframe_to_data_files(metadata, data, io, write_uuid=write_id):
+            f.spec_id = metadata.default_spec_id  # DataFile.from_args drops spec_id
+            data_files.append(f)
+    return data_files, delete_files
+
+
+def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: all rows of one Spark partition → one record batch of file metadata."""
+    collected = list(batches)
+    if not collected:
+        return
+    data_files, delete_files = write_files(spec, pa.Table.from_batches(collected))
+    files = data_files + delete_files
+    yield pa.RecordBatch.from_pydict(
+        {
+            "content": pa.array([int(f.content) for f in files], pa.int32()),
+            "file": pa.array([json.dumps(to_json(f)) for f in files], pa.string()),
+        }
+    )
+
+
+def writer_properties(
+    target_file_size: int,
+    compression: str,
+    compression_level: int | None,
+    row_group_limit: int | None,
+    page_size: int | None,
+) -> dict[str, str]:
+    """Table properties pyiceberg's writer reads, from the sink's ``write`` settings."""
+    props = {
+        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(target_file_size),
+        TableProperties.PARQUET_COMPRESSION: compression,
+    }
+    if compression_level is not None:
+        props[TableProperties.PARQUET_COMPRESSION_LEVEL] = str(compression_level)
+    if row_group_limit is not None:
+        props[TableProperties.PARQUET_ROW_GROUP_LIMIT] = str(row_group_limit)
+    if page_size is not None:
+        props[TableProperties.PARQUET_PAGE_SIZE_BYTES] = str(page_size)
+    return props

@@ -1,0 +1,243 @@
+"""One Iceberg snapshot that adds data files and equality-delete files together (a "row delta").
+
+pyiceberg's own producers (fast append, overwrite) write only data manifests and retry a failed commit
+by re-parenting it onto whatever is current. A sink can't allow either: an upsert needs a delete
+manifest in the same snapshot as the new rows (so the deletes get the same sequence number and apply
+only to older rows), and a commit whose outcome is unknown must be checked, not repeated. So this
+producer builds the snapshot for an explicit parent and a caller-chosen snapshot id, and commits it
+with exactly one request guarded by ``AssertRefSnapshotId``; deciding what to do after a failure is
+the caller's job (see :mod:`service.channel.committer`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+    ManifestWriterV2,
+    write_manifest_list,
+)
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import (
+    Operation,
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.typedef import TableVersion
+from pyiceberg.types import IntegerType, ListType, NestedField, StructType
+
+CommitRequest = tuple[tuple[AddSnapshotUpdate, SetSnapshotRefUpdate], tuple[AssertRefSnapshotId]]
+
+
+class DeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest whose entries are delete files (manifest content ``deletes``).
+
+    pyiceberg declares ``equality_ids`` as ``list<long>``; the spec (and Java's reader, which fails on
+    longs) says ``list<int>``, so the delete manifest's schema is corrected here.
+    """
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    def _with_partition(self, format_version: TableVersion) -> Schema:
+        schema = super()._with_partition(format_version)
+        return Schema(*[_with_int_equality_ids(f) if f.field_id == 2 else f for f in schema.fields])
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def _with_int_equality_ids(data_file_field: NestedField) -> NestedField:
+    struct = data_file_field.field_type
+    assert isinstance(struct, StructType)
+    fields = [
+        NestedField(
+            field_id=f.field_id,
+            name=f.name,
+            field_type=ListType(element_id=136, element_type=IntegerType(), element_required=True),
+            required=f.required,
+            doc=f.doc,
+        )
+        if f.field_id == 135
+        else f
+        for f in struct.fields
+    ]
+    return NestedField(
+        field_id=data_file_field.field_id,
+        name=data_file_field.name,
+        field_type=StructType(*fields),
+        required=data_file_field.required,
+    )
+
+
+class RowDelta:
+    """Builds the snapshot; :meth:`request` returns the updates and requirements for ``commit_table``.
+
+    The steps a subclass may want to change are :meth:`operation`, :meth:`manifests` and :meth:`summary`.
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        snapshot_id: int,
+        data_files: Iterable[DataFile],
+        delete_files: Iterable[DataFile],
+        properties: dict[str, str],
+        branch: str = MAIN_BRANCH,
+    ) -> None:
+        self._table = table
+        self._metadata: TableMetadata = table.metadata
+        self._io: FileIO = table.io
+        self.snapshot_id = snapshot_id
+        self.data_files = list(data_files)
+        self.delete_files = list(delete_files)
+        for f in self.delete_files:
+            if f.content == DataFileContent.DATA:
+                raise ValueError(f"{f.file_path} is a data file, not a delete file")
+        self.properties = properties
+        self.branch = branch
+        parent = self._metadata.snapshot_by_name(branch)
+        self.parent_snapshot_id: int | None = parent.snapshot_id if parent else None
+        self._commit_uuid = uuid.uuid4()
+        self._counter = itertools.count(0)
+        self._compression = self._metadata.properties.get(
+            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        )
+        self.written_metadata_files: list[str] = []
+
+    # -- overridable steps -------------------------------------------------------------------------
+
+    def operation(self) -> Operation:
+        """``append`` when only rows are added; ``overwrite`` when deletes come with them (as Java's RowDelta)."""
+        return Operation.OVERWRITE if self.delete_files else Operation.APPEND
+
+    def manifests(self) -> list[ManifestFile]:
+        added = self._write(self.data_files, content=ManifestContent.DATA)
+        deletes = self._write(self.delete_files, content=ManifestContent.DELETES)
+        return added + deletes + self._existing_manifests()
+
+    def summary(self) -> Summary:
+        schema = self._metadata.schema()
+        specs = self._metadata.specs()
+        collector = SnapshotSummaryCollector(
+            partition_summary_limit=int(
+                self._metadata.properties.get(
+                    TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+                    TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+                )
+            )
+        )
+        for f in itertools.chain(self.data_files, self.delete_files):
+            collector.add_file(f, schema=schema, partition_spec=specs[f.spec_id])
+        parent = self._metadata.snapshot_by_id(self.parent_snapshot_id) if self.parent_snapshot_id else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self.operation(), **collector.build(), **self.properties),
+            previous_summary=parent.summary if parent else None,
+        )
+
+    # -- the request ---------------------------------------------------------------------------------
+
+    def request(self) -> CommitRequest:
+        manifests = self.manifests()
+        sequence_number = self._metadata.next_sequence_number()
+        list_path = self._table.location_provider().new_metadata_location(
+            f"snap-{self.snapshot_id}-0-{self._commit_uuid}.avro"
+        )
+        self.written_metadata_files.append(list_path)
+        with write_manifest_list(
+            format_version=self._metadata.format_version,
+            output_file=self._io.new_output(list_path),
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=self.parent_snapshot_id,
+            sequence_number=sequence_number,
+            avro_compression=self._compression,
+        ) as writer:
+            writer.add_manifests(manifests)
+        snapshot = Snapshot(
+            snapshot_id=self.snapshot_id,
+            parent_snapshot_id=self.parent_snapshot_id,
+            manifest_list=list_path,
+            sequence_number=sequence_number,
+            summary=self.summary(),
+            schema_id=self._metadata.current_schema_id,
+        )
+        updates = (
+            AddSnapshotUpdate(snapshot=snapshot),
+            SetSnapshotRefUpdate(
+                snapshot_id=self.snapshot_id,
+                parent_snapshot_id=self.parent_snapshot_id,
+                ref_name=self.branch,
+                type=SnapshotRefType.BRANCH,
+            ),
+        )
+        requirements = (AssertRefSnapshotId(snapshot_id=self.parent_snapshot_id, ref=self.branch),)
+        return updates, requirements
+
+    def commit(self) -> None:
+        """Send the commit once. Raises whatever the catalog raises; nothing is retried here."""
+        updates, requirements = self.request()
+        self._table.catalog.commit_table(self._table, requirements, updates)
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _writer(self, spec: PartitionSpec, schema: Schema, content: ManifestContent) -> ManifestWriter:
+        path = self._table.location_provider().new_metadata_location(
+            f"{self._commit_uuid}-m{next(self._counter)}.avro"
+        )
+        self.written_metadata_files.append(path)
+        writer_type = DeleteManifestWriter if content == ManifestContent.DELETES else ManifestWriterV2
+        return writer_type(
+            spec=spec,
+            schema=schema,
+            output_file=self._io.new_output(path),
+            snapshot_id=self.snapshot_id,
+            avro_compression=self._compression,
+        )
+
+    def _write(self, files: list[DataFile], content: ManifestContent) -> list[ManifestFile]:
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for f in files:
+            by_spec[f.spec_id].append(f)
+        manifests = []
+        specs = self._metadata.specs()
+        for spec_id, group in sorted(by_spec.items()):
+            with self._writer(specs[spec_id], self._metadata.schema(), content) as writer:
+                for f in group:
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self.snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=f,
+                        )
+                    )
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        if self.parent_snapshot_id is None:
+            return []
+        parent = self._metadata.snapshot_by_id(self.parent_snapshot_id)
+        if parent is None:
+            raise ValueError(f"parent snapshot {self.parent_snapshot_id} is not in the table metadata")
+        return [m for m in parent.manifests(io=self._io) if m.has_added_files() or m.has_existing_files()]
