@@ -1,0 +1,39 @@
+"""Postgres transaction log that fences sink replicas by epoch and makes Iceberg commits resumable.
+
+Knows nothing of Spark, Kafka or Iceberg. See docs/txnlog.md.
+"""
+
+from .errors import (
+    Fenced,
+    InvalidPhase,
+    LockTimeout,
+    SchemaVersionError,
+    SinkNotFound,
+    TxnLogError,
+    Unavailable,
+)
+from .log import CommitHandle, TransactionLog
+from .model import Action, HistoryEntry, Lease, Phase, SinkState
+from .retry import RetryPolicy
+from .schema import LATEST_VERSION as SCHEMA_VERSION
+from .settings import SessionSettings
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Action",
+    "CommitHandle",
+    "Fenced",
+    "HistoryEntry",
+    "InvalidPhase",
+    "Lease",
+    "LockTimeout",
+    "Phase",
+    "RetryPolicy",
+    "SchemaVersionError",
+    "SessionSettings",
+    "SinkNotFound",
+    "SinkState",
+    "TransactionLog",
+    "TxnLogError",
+    "Unavailable",
+]
