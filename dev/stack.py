@@ -1,0 +1,930 @@
+#!/usr/bin/env python3
+"""icesink's local stack of real servers, all on 127.0.0.1.
+
+    dev/stack install   fetch/build what the servers need into the cache (idempotent)
+    dev/stack up        start what is not running, wait until every server answers a health check
+    dev/stack status    one line per server: healthy/down, pid, address, log
+    dev/stack down      stop the processes this script started (pid files), TERM then KILL
+    dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
+
+Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir), an S3 server
+(MinIO built with `go install`, else moto's server) and Iceberg's REST catalog server
+(JDBC backend on the dev Postgres, warehouse on the S3 server). Spark's extra jars are fetched too.
+
+Only the standard library is used, so this runs with the venv's or the system's python3.
+
+Environment knobs (all optional):
+  ICESINK_CACHE_DIR      downloads and builds (default <repo>/.cache; may be shared between clones)
+  ICESINK_RUN_DIR        data dirs, logs, pid files (default <repo>/.cache/run)
+  ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
+  ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181
+  ICESINK_S3_SERVER      force minio | moto (default: the first that installs)
+  ICESINK_GO_BUILD_TIMEOUT  seconds allowed for one `go install` of an S3 server (default 2400)
+  ICESINK_STACK_TIMEOUT  seconds to wait for each server to become healthy (default 180)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEV = REPO / "dev"
+CACHE = Path(os.environ.get("ICESINK_CACHE_DIR") or REPO / ".cache").resolve()
+RUN = Path(os.environ.get("ICESINK_RUN_DIR") or REPO / ".cache" / "run").resolve()
+LOGS = RUN / "logs"
+PIDS = RUN / "pids"
+
+HOST = "127.0.0.1"
+
+# Pinned versions of what is built from source. MinIO publishes no semver tags, so the Go module
+# proxy knows its commits as pseudo-versions; this one is the newest commit on its main branch.
+MINIO_MODULE = "github.com/minio/minio"
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+# SeaweedFS was the planned second choice, but the Go module proxy answers 403 ("not available") for
+# github.com/seaweedfs/seaweedfs, so it cannot be built from the registries this project may use.
+S3_SERVERS = ("minio", "moto")
+MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+@dataclass(frozen=True)
+class Config:
+    kafka_port: int = field(default_factory=lambda: _env_int("ICESINK_KAFKA_PORT", 19092))
+    kafka_controller_port: int = field(default_factory=lambda: _env_int("ICESINK_KAFKA_CONTROLLER_PORT", 19093))
+    pg_port: int = field(default_factory=lambda: _env_int("ICESINK_PG_PORT", 15432))
+    s3_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_PORT", 19000))
+    s3_console_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_CONSOLE_PORT", 19001))
+    rest_port: int = field(default_factory=lambda: _env_int("ICESINK_REST_PORT", 18181))
+    # Throwaway credentials of the local dev stack (nothing else uses them).
+    pg_user: str = os.environ.get("ICESINK_PG_USER", "icesink")
+    pg_password: str = os.environ.get("ICESINK_PG_PASSWORD", "icesink")
+    pg_db: str = "icesink"
+    pg_catalog_db: str = "iceberg_catalog"
+    s3_access_key: str = os.environ.get("ICESINK_S3_ACCESS_KEY", "icesink")
+    s3_secret_key: str = os.environ.get("ICESINK_S3_SECRET_KEY", "icesink-secret")
+    region: str = "us-east-1"
+    bucket: str = "warehouse"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{HOST}:{self.s3_port}"
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.bucket}/"
+
+    @property
+    def rest_uri(self) -> str:
+        return f"http://{HOST}:{self.rest_port}"
+
+    def pg_dsn(self, db: str) -> str:
+        return f"postgresql+psycopg://{self.pg_user}:{self.pg_password}@{HOST}:{self.pg_port}/{db}"
+
+
+CFG = Config()
+
+
+class StackError(Exception):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[dev/stack] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def sha256_text(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def stamp_ok(stamp: Path, value: str) -> bool:
+    return stamp.is_file() and stamp.read_text().strip() == value
+
+
+def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=True, text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+
+def java_home() -> Path:
+    if os.environ.get("JAVA_HOME"):
+        return Path(os.environ["JAVA_HOME"])
+    java = shutil.which("java")
+    if not java:
+        raise StackError("java not found: run scripts/bootstrap (it installs openjdk-17-jdk-headless)")
+    return Path(java).resolve().parent.parent
+
+
+def java_bin(tool: str = "java") -> str:
+    path = java_home() / "bin" / tool
+    if not path.exists():
+        raise StackError(f"{path} not found: a JDK 17+ is needed (scripts/bootstrap installs one)")
+    return str(path)
+
+
+def java_major() -> int:
+    out = subprocess.run([java_bin(), "-version"], capture_output=True, text=True).stderr
+    version = out.split('"')[1] if '"' in out else "0"
+    return int(version.split(".")[0])
+
+
+def pg_bindir() -> Path:
+    override = os.environ.get("ICESINK_PG_BINDIR")
+    candidates = [Path(override)] if override else sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
+    )
+    for cand in candidates:
+        if (cand / "postgres").exists() and (cand / "initdb").exists():
+            return cand
+    raise StackError("PostgreSQL server binaries not found: run scripts/bootstrap (apt-get install postgresql)")
+
+
+def venv_bin(tool: str) -> str | None:
+    path = REPO / ".venv" / "bin" / tool
+    return str(path) if path.exists() else shutil.which(tool)
+
+
+def port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 64 * 1024))
+        data = fh.read().decode(errors="replace").splitlines()
+    return "\n".join(data[-lines:])
+
+
+# --------------------------------------------------------------------------------------------------
+# processes: started in their own session (pgid == pid), tracked by pid files
+
+
+def proc_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def proc_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+# --------------------------------------------------------------------------------------------------
+# S3: a minimal SigV4 client (health check and bucket creation without boto3)
+
+
+def s3_request(method: str, path: str, query: str = "") -> tuple[int, bytes]:
+    now = dt.datetime.now(dt.UTC)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    host = f"{HOST}:{CFG.s3_port}"
+    payload = hashlib.sha256(b"").hexdigest()
+    headers = {"host": host, "x-amz-content-sha256": payload, "x-amz-date": amz_date}
+    signed = ";".join(sorted(headers))
+    canonical = "\n".join(
+        [method, path, query, "".join(f"{k}:{headers[k]}\n" for k in sorted(headers)), signed, payload]
+    )
+    scope = f"{day}/{CFG.region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + CFG.s3_secret_key).encode()
+    for part in (day, CFG.region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={CFG.s3_access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
+    )
+    conn = http.client.HTTPConnection(HOST, CFG.s3_port, timeout=5)
+    try:
+        conn.request(method, path + (f"?{query}" if query else ""), headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Kafka: a Metadata request (v4) over the wire, no client library needed
+
+
+def kafka_metadata(port: int) -> str:
+    client_id = b"icesink-dev-stack"
+    header = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id
+    body = struct.pack(">ib", 0, 0)  # no topics, allow_auto_topic_creation=false
+    with socket.create_connection((HOST, port), timeout=5) as sock:
+        sock.settimeout(5)
+        sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        size_raw = _recv(sock, 4)
+        data = _recv(sock, struct.unpack(">i", size_raw)[0])
+    correlation, _throttle, n_brokers = struct.unpack_from(">iii", data, 0)
+    if correlation != 7 or n_brokers < 1:
+        raise StackError(f"metadata response lists {n_brokers} brokers")
+    node_id, host_len = struct.unpack_from(">ih", data, 12)
+    host = data[18 : 18 + host_len].decode()
+    (bport,) = struct.unpack_from(">i", data, 18 + host_len)
+    return f"broker {node_id} at {host}:{bport}"
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise StackError("connection closed by broker")
+        buf += chunk
+    return buf
+
+
+# --------------------------------------------------------------------------------------------------
+# install: Maven jars, REST launcher, S3 server
+
+
+def maven_fetch(module: str, dest: Path) -> list[Path]:
+    """Copy the runtime jars of dev/maven/<module>/pom.xml into dest (skipped when the pom is unchanged)."""
+    pom = DEV / "maven" / module / "pom.xml"
+    stamp = dest / ".stamp"
+    want = sha256_text(pom.read_text(), MAVEN_DEPENDENCY_PLUGIN)
+    if not stamp_ok(stamp, want):
+        if not shutil.which("mvn"):
+            raise StackError("mvn not found: run scripts/bootstrap (it installs maven)")
+        log(f"fetching {module} jars with Maven into {dest}")
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        argv = [
+            "mvn", "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={CACHE / 'm2'}",
+            f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
+        ]  # fmt: skip
+        res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())})
+        if res.returncode != 0:
+            raise StackError(f"Maven failed for {pom}:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}")
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        stamp.write_text(want + "\n")
+    return sorted(dest.glob("*.jar"))
+
+
+def spark_jars() -> list[Path]:
+    return sorted((CACHE / "jars").glob("*.jar"))
+
+
+def build_rest_launcher() -> Path:
+    src = DEV / "rest-catalog" / "org" / "apache" / "iceberg" / "rest" / "LoopbackRESTCatalogServer.java"
+    libs = CACHE / "rest-catalog" / "libs"
+    classes = CACHE / "rest-catalog" / "classes"
+    want = sha256_text(src.read_text(), *sorted(p.name for p in libs.glob("*.jar")))
+    if not stamp_ok(classes / ".stamp", want):
+        log("compiling the loopback REST catalog launcher")
+        shutil.rmtree(classes, ignore_errors=True)
+        classes.mkdir(parents=True)
+        run([java_bin("javac"), "-d", str(classes), "-cp", f"{libs}/*", str(src)])
+        (classes / ".stamp").write_text(want + "\n")
+    return classes
+
+
+def go_env() -> dict[str, str]:
+    go = CACHE / "go"
+    return {
+        **os.environ,
+        "GOBIN": str(CACHE / "bin"),
+        "GOMODCACHE": str(go / "mod"),
+        "GOCACHE": str(go / "build"),
+        "GOPATH": str(go / "path"),
+        "GOFLAGS": "-modcacherw",
+        "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "auto"),
+        "CGO_ENABLED": "0",
+    }
+
+
+def go_install(name: str, module: str, version: str, binary: str) -> bool:
+    """Build one Go binary into CACHE/bin; a failure is remembered so later installs do not retry it."""
+    target = CACHE / "bin" / binary
+    stamp = CACHE / "bin" / f".{binary}.version"
+    failed = CACHE / "bin" / f".{binary}.failed"
+    if target.exists() and stamp_ok(stamp, version):
+        return True
+    forced = os.environ.get("ICESINK_S3_SERVER") == name
+    if failed.exists() and stamp_ok(failed, version) and not forced:
+        log(f"skipping {name}: its build failed before (see {CACHE / 'logs' / (binary + '-build.log')}); "
+            f"set ICESINK_S3_SERVER={name} to retry")  # fmt: skip
+        return False
+    if not shutil.which("go"):
+        log(f"skipping {name}: no Go toolchain (scripts/bootstrap installs golang-go)")
+        return False
+    timeout = _env_int("ICESINK_GO_BUILD_TIMEOUT", 2400)
+    build_log = CACHE / "logs" / f"{binary}-build.log"
+    build_log.parent.mkdir(parents=True, exist_ok=True)
+    (CACHE / "bin").mkdir(parents=True, exist_ok=True)
+    log(f"building {name} with `go install {module}@{version}` (up to {timeout}s; log {build_log})")
+    started = time.monotonic()
+    with build_log.open("w") as out:
+        proc = subprocess.Popen(["go", "install", f"{module}@{version}"], stdout=out, stderr=subprocess.STDOUT,
+                                env=go_env(), cwd=CACHE, start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = -1
+            out.write(f"\n[dev/stack] build killed after {timeout}s\n")
+    if rc == 0 and target.exists():
+        stamp.write_text(version + "\n")
+        failed.unlink(missing_ok=True)
+        log(f"built {name} in {time.monotonic() - started:.0f}s")
+        return True
+    failed.write_text(version + "\n")
+    log(f"{name} build failed (rc={rc}); last lines of {build_log}:\n{tail(build_log, 15)}")
+    return False
+
+
+def install_s3_server() -> str:
+    forced = os.environ.get("ICESINK_S3_SERVER")
+    if forced and forced not in S3_SERVERS:
+        raise StackError(f"ICESINK_S3_SERVER must be one of {', '.join(S3_SERVERS)}")
+    order = [forced] if forced else list(S3_SERVERS)
+    for name in order:
+        if name == "minio" and go_install("minio", MINIO_MODULE, MINIO_VERSION, "minio"):
+            return name
+        if name == "moto":
+            if venv_bin("moto_server"):
+                return name
+            log("moto_server not found (it comes with the venv's dev extras: scripts/bootstrap)")
+    raise StackError(f"no S3 server could be installed (tried {', '.join(order)})")
+
+
+def installed_s3_server() -> str | None:
+    path = CACHE / "s3-server"
+    return path.read_text().strip() if path.exists() else None
+
+
+def cmd_install(_: argparse.Namespace) -> int:
+    if java_major() < 17:
+        raise StackError("Java 17+ is required (Kafka 4 brokers need it): run scripts/bootstrap")
+    pg_bindir()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    maven_fetch("kafka", CACHE / "kafka" / "libs")
+    maven_fetch("rest-catalog", CACHE / "rest-catalog" / "libs")
+    maven_fetch("spark", CACHE / "jars")
+    build_rest_launcher()
+    s3 = install_s3_server()
+    (CACHE / "s3-server").write_text(s3 + "\n")
+    log(f"install complete (S3 server: {s3}; cache {CACHE})")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# services
+
+
+@dataclass
+class Service:
+    name: str
+    port: int
+    marker: str  # substring of the process command line, to recognise our own pid
+    start: Callable[[], subprocess.Popen[bytes]]
+    health: Callable[[], str]  # returns a short description, raises when unhealthy
+    stop_signal: int = signal.SIGTERM
+    after_healthy: Callable[[], None] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log(self) -> Path:
+        return LOGS / f"{self.name}.log"
+
+    @property
+    def pidfile(self) -> Path:
+        return PIDS / f"{self.name}.pid"
+
+    def pid(self) -> int | None:
+        """Pid of our running process (None when the pid file is missing, stale or not ours)."""
+        try:
+            pid = int(self.pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        if proc_alive(pid) and self.marker in proc_cmdline(pid):
+            return pid
+        return None
+
+    def check(self) -> tuple[bool, str]:
+        try:
+            return True, self.health()
+        except Exception as exc:  # any failure of a health probe means "not healthy"
+            return False, f"{type(exc).__name__}: {exc}".strip()
+
+
+def spawn(svc: Service, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+          user: str | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    LOGS.mkdir(parents=True, exist_ok=True)
+    PIDS.mkdir(parents=True, exist_ok=True)
+    with svc.log.open("ab") as out:
+        out.write(f"\n==== {dt.datetime.now().isoformat(timespec='seconds')} dev/stack up: {shlex.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd, start_new_session=True, user=user, group=user)  # fmt: skip
+    svc.pidfile.write_text(f"{proc.pid}\n")
+    return proc
+
+
+# ---- PostgreSQL
+
+
+def pg_os_user() -> str | None:
+    """initdb/postgres refuse to run as root: then they run as the `postgres` OS user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        run(["useradd", "--system", "--home-dir", "/var/lib/postgresql", "--shell", "/bin/bash", "postgres"])
+    return "postgres"
+
+
+def pg_home() -> Path:
+    """Where the cluster lives: RUN/postgres, unless the postgres OS user cannot reach it (e.g. under /root)."""
+    home = RUN / "postgres"
+    user = pg_os_user()
+    if user is None:
+        return home
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.chown(home, user, user)
+    if subprocess.run(["test", "-w", str(home)], user=user).returncode == 0:
+        return home
+    alt = Path("/var/tmp") / f"icesink-pg-{sha256_text(str(RUN))[:12]}"
+    alt.mkdir(parents=True, exist_ok=True)
+    shutil.chown(alt, user, user)
+    (RUN / "postgres" / "DATA_IS_ELSEWHERE").write_text(f"{alt}\n")
+    return alt
+
+
+def pg_start() -> subprocess.Popen[bytes]:
+    home, user, bindir = pg_home(), pg_os_user(), pg_bindir()
+    data, sock = home / "data", home / "sock"
+    if not (data / "PG_VERSION").exists():
+        log(f"initdb {data}")
+        shutil.rmtree(data, ignore_errors=True)
+        with tempfile.NamedTemporaryFile("w", dir=home, delete=False) as pwfile:
+            pwfile.write(CFG.pg_password + "\n")
+        if user:
+            shutil.chown(pwfile.name, user, user)
+        try:
+            res = subprocess.run(
+                [str(bindir / "initdb"), "-D", str(data), "-U", CFG.pg_user, f"--pwfile={pwfile.name}",
+                 "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-locale"],
+                capture_output=True, text=True, user=user, group=user,
+            )  # fmt: skip
+        finally:
+            os.unlink(pwfile.name)
+        if res.returncode != 0:
+            raise StackError(f"initdb failed:\n{res.stdout}\n{res.stderr}")
+    sock.mkdir(exist_ok=True)
+    if user:
+        shutil.chown(sock, user, user)
+    argv = [str(bindir / "postgres"), "-D", str(data), "-p", str(CFG.pg_port),
+            "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={sock}",
+            "-c", "max_connections=200"]  # fmt: skip
+    return spawn(SERVICES["postgres"], argv, user=user)
+
+
+def psql(sql: str, db: str = "postgres") -> str:
+    bindir = pg_bindir()
+    res = subprocess.run(
+        [str(bindir / "psql"), "-h", HOST, "-p", str(CFG.pg_port), "-U", CFG.pg_user, "-d", db,
+         "-v", "ON_ERROR_STOP=1", "-Atc", sql],
+        capture_output=True, text=True, timeout=20, env={**os.environ, "PGPASSWORD": CFG.pg_password},
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise StackError(res.stderr.strip() or f"psql exited {res.returncode}")
+    return res.stdout.strip()
+
+
+def pg_health() -> str:
+    if not port_open(CFG.pg_port):
+        raise StackError(f"nothing listens on {HOST}:{CFG.pg_port}")
+    return psql("SELECT version()").split(" on ")[0]
+
+
+def pg_create_databases() -> None:
+    for db in (CFG.pg_db, CFG.pg_catalog_db):
+        if psql(f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
+            psql(f'CREATE DATABASE "{db}"')
+            log(f"created database {db}")
+
+
+# ---- S3 server
+
+
+def s3_server() -> str:
+    state = RUN / "s3-server"
+    if SERVICES["s3"].pid() and state.exists():
+        return state.read_text().strip()
+    installed = installed_s3_server()
+    if not installed:
+        raise StackError("no S3 server installed: run dev/stack install")
+    return installed
+
+
+def s3_start() -> subprocess.Popen[bytes]:
+    name = s3_server()
+    (RUN / "s3-server").parent.mkdir(parents=True, exist_ok=True)
+    (RUN / "s3-server").write_text(name + "\n")
+    svc = SERVICES["s3"]
+    svc.marker = {"minio": "minio", "moto": "moto_server"}[name]
+    data = RUN / name
+    data.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": CFG.s3_access_key, "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key}
+    if name == "minio":
+        env.update(MINIO_ROOT_USER=CFG.s3_access_key, MINIO_ROOT_PASSWORD=CFG.s3_secret_key,
+                   MINIO_REGION=CFG.region, MINIO_BROWSER="off", MINIO_UPDATE="off")  # fmt: skip
+        argv = [str(CACHE / "bin" / "minio"), "server", "--quiet", "--address", f"{HOST}:{CFG.s3_port}",
+                "--console-address", f"{HOST}:{CFG.s3_console_port}", str(data / "data")]  # fmt: skip
+    else:
+        moto = venv_bin("moto_server")
+        if not moto:
+            raise StackError("moto_server not found (install the dev extras: scripts/bootstrap)")
+        argv = [moto, "-H", HOST, "-p", str(CFG.s3_port)]
+    return spawn(svc, argv, env=env, cwd=data)
+
+
+def s3_health() -> str:
+    status, body = s3_request("GET", f"/{CFG.bucket}", "list-type=2&max-keys=1")
+    if status != 200:
+        raise StackError(f"list bucket {CFG.bucket}: HTTP {status} {body[:200]!r}")
+    return f"{s3_server()}, bucket {CFG.bucket} listable"
+
+
+def s3_create_bucket() -> None:
+    status, _ = s3_request("HEAD", f"/{CFG.bucket}")
+    if status == 200:
+        return
+    status, body = s3_request("PUT", f"/{CFG.bucket}")
+    if status not in (200, 409):
+        raise StackError(f"create bucket {CFG.bucket}: HTTP {status} {body[:300]!r}")
+    log(f"created bucket {CFG.bucket}")
+
+
+def s3_ready() -> str:
+    """Before the bucket exists any answer of the server counts; the bucket is created right after."""
+    status, _ = s3_request("GET", "/")
+    if status != 200:
+        raise StackError(f"list buckets: HTTP {status}")
+    return "answers"
+
+
+# ---- Kafka
+
+
+KAFKA_LOG4J = """\
+status = warn
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = STDOUT
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+
+
+def kafka_properties(data: Path) -> str:
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{CFG.kafka_controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{CFG.kafka_port},CONTROLLER://{HOST}:{CFG.kafka_controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{CFG.kafka_port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data),
+        "num.partitions": "3",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "auto.create.topics.enable": "true",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "10",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "log.retention.hours": "168",
+        "log.segment.bytes": str(64 * 1024 * 1024),
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def kafka_java(main: str, *args: str) -> list[str]:
+    home = RUN / "kafka"
+    return [java_bin(), "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+            "-cp", f"{CACHE / 'kafka' / 'libs'}/*", main, *args]  # fmt: skip
+
+
+def kafka_start() -> subprocess.Popen[bytes]:
+    home = RUN / "kafka"
+    data = home / "data"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "log4j2.properties").write_text(KAFKA_LOG4J)
+    props = home / "server.properties"
+    props.write_text(kafka_properties(data))
+    if not (data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        log(f"formatting Kafka storage {data} (cluster {cluster_id})")
+        shutil.rmtree(data, ignore_errors=True)
+        res = subprocess.run(
+            kafka_java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)),
+            capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            raise StackError(f"Kafka storage format failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return spawn(SERVICES["kafka"], kafka_java("kafka.Kafka", str(props)), cwd=home)
+
+
+def kafka_health() -> str:
+    return kafka_metadata(CFG.kafka_port)
+
+
+# ---- Iceberg REST catalog
+
+
+def rest_start() -> subprocess.Popen[bytes]:
+    home = RUN / "rest-catalog"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
+        "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
+        "AWS_REGION": CFG.region,
+        "CATALOG_CATALOG__IMPL": "org.apache.iceberg.jdbc.JdbcCatalog",
+        "CATALOG_URI": f"jdbc:postgresql://{HOST}:{CFG.pg_port}/{CFG.pg_catalog_db}",
+        "CATALOG_JDBC_USER": CFG.pg_user,
+        "CATALOG_JDBC_PASSWORD": CFG.pg_password,
+        "CATALOG_JDBC_SCHEMA__VERSION": "V1",
+        "CATALOG_WAREHOUSE": CFG.warehouse,
+        "CATALOG_IO__IMPL": "org.apache.iceberg.aws.s3.S3FileIO",
+        "CATALOG_S3_ENDPOINT": CFG.s3_endpoint,
+        "CATALOG_S3_PATH__STYLE__ACCESS": "true",
+        "CATALOG_S3_ACCESS__KEY__ID": CFG.s3_access_key,
+        "CATALOG_S3_SECRET__ACCESS__KEY": CFG.s3_secret_key,
+        "CATALOG_CLIENT_REGION": CFG.region,
+        "CATALOG_REST_HOST": HOST,
+        "CATALOG_REST_PORT": str(CFG.rest_port),
+    }
+    classpath = f"{CACHE / 'rest-catalog' / 'classes'}:{CACHE / 'rest-catalog' / 'libs'}/*"
+    argv = [java_bin(), "-Xms64m", "-Xmx512m", "-Djava.awt.headless=true", "-cp", classpath,
+            "org.apache.iceberg.rest.LoopbackRESTCatalogServer"]  # fmt: skip
+    return spawn(SERVICES["rest"], argv, env=env, cwd=home)
+
+
+def rest_health() -> str:
+    conn = http.client.HTTPConnection(HOST, CFG.rest_port, timeout=5)
+    try:
+        conn.request("GET", "/v1/config")
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise StackError(f"GET /v1/config: HTTP {resp.status} {body[:200]!r}")
+    json.loads(body)
+    return "GET /v1/config ok"
+
+
+SERVICES: dict[str, Service] = {
+    "postgres": Service("postgres", CFG.pg_port, "postgres", pg_start, pg_health, signal.SIGINT,
+                        after_healthy=pg_create_databases),  # fmt: skip
+    "s3": Service("s3", CFG.s3_port, "minio", s3_start, s3_health, after_healthy=s3_create_bucket),
+    "kafka": Service("kafka", CFG.kafka_port, "kafka.Kafka", kafka_start, kafka_health),
+    "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
+}
+
+
+def _sync_s3_marker() -> None:
+    state = RUN / "s3-server"
+    name = state.read_text().strip() if state.exists() else installed_s3_server()
+    if name:
+        SERVICES["s3"].marker = {"minio": "minio", "moto": "moto_server"}[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# commands
+
+
+def ensure_started(svc: Service) -> None:
+    if svc.pid():
+        return
+    if port_open(svc.port):
+        raise StackError(
+            f"{svc.name}: port {HOST}:{svc.port} is taken by a process dev/stack did not start "
+            f"(another checkout's stack? stop it there, or override the port)"
+        )
+    log(f"starting {svc.name} (log {svc.log})")
+    svc.proc = svc.start()
+
+
+def wait_healthy(svc: Service, timeout: float, probe: Callable[[], str] | None = None) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        if svc.proc is not None and svc.proc.poll() is not None:
+            raise StackError(f"{svc.name} exited with code {svc.proc.returncode} while starting")
+        try:
+            return (probe or svc.health)()
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                raise StackError(f"{svc.name} not healthy after {timeout:.0f}s: {exc}") from exc
+        time.sleep(0.5)
+
+
+def fail(svc: Service, err: Exception) -> int:
+    print(f"dev/stack up: {svc.name} FAILED: {err}", file=sys.stderr)
+    print(f"dev/stack up: {svc.name} log: {svc.log}\n---- last lines of {svc.log} ----", file=sys.stderr)
+    print(tail(svc.log), file=sys.stderr)
+    return 1
+
+
+def cmd_up(_: argparse.Namespace) -> int:
+    if not (CACHE / "s3-server").exists() or not spark_jars():
+        cmd_install(argparse.Namespace())
+    _sync_s3_marker()
+    timeout = float(_env_int("ICESINK_STACK_TIMEOUT", 180))
+    started = time.monotonic()
+    # Start the independent servers together, then wait for each; the REST catalog needs Postgres and S3.
+    order = ["postgres", "s3", "kafka"]
+    for name in order:
+        try:
+            ensure_started(SERVICES[name])
+        except Exception as exc:
+            return fail(SERVICES[name], exc)
+    for name in order:
+        svc = SERVICES[name]
+        try:
+            if name == "s3":
+                wait_healthy(svc, timeout, s3_ready)
+            else:
+                wait_healthy(svc, timeout)
+            if svc.after_healthy:
+                svc.after_healthy()
+            wait_healthy(svc, timeout)
+        except Exception as exc:
+            return fail(svc, exc)
+    rest = SERVICES["rest"]
+    try:
+        ensure_started(rest)
+        wait_healthy(rest, timeout)
+    except Exception as exc:
+        return fail(rest, exc)
+    log(f"stack healthy in {time.monotonic() - started:.1f}s")
+    return cmd_status(argparse.Namespace())
+
+
+def cmd_status(_: argparse.Namespace) -> int:
+    _sync_s3_marker()
+    all_ok = True
+    for svc in SERVICES.values():
+        ok, detail = svc.check()
+        pid = svc.pid()
+        all_ok &= ok
+        label = f"s3 ({s3_server_name_or_unknown()})" if svc.name == "s3" else svc.name
+        print(f"{label:<16} {'healthy' if ok else 'DOWN':<8} pid {pid or '-':<8} {HOST}:{svc.port:<6} "
+              f"log {svc.log}  [{detail}]")  # fmt: skip
+    return 0 if all_ok else 1
+
+
+def s3_server_name_or_unknown() -> str:
+    try:
+        return s3_server()
+    except StackError:
+        return "not installed"
+
+
+def stop(svc: Service, timeout: float = 30.0) -> None:
+    pid = svc.pid()
+    if pid is None:
+        if svc.pidfile.exists():
+            svc.pidfile.unlink()
+        return
+    log(f"stopping {svc.name} (pid {pid})")
+    try:
+        os.killpg(pid, svc.stop_signal)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    leftovers = group_members(pid)
+    if leftovers:
+        log(f"{svc.name} did not stop within {timeout:.0f}s: SIGKILL {leftovers}")
+        for member in leftovers:
+            try:
+                os.kill(member, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while group_members(pid):
+            time.sleep(0.1)
+    svc.pidfile.unlink(missing_ok=True)
+
+
+def cmd_down(_: argparse.Namespace) -> int:
+    _sync_s3_marker()
+    for name in ("rest", "kafka", "s3", "postgres"):
+        stop(SERVICES[name])
+    return 0
+
+
+def cmd_env(_: argparse.Namespace) -> int:
+    _sync_s3_marker()
+    jars = spark_jars()
+    if not jars:
+        log("warning: Spark jars not fetched yet (run dev/stack install)")
+    values = {
+        "ICESINK_KAFKA_BOOTSTRAP": f"{HOST}:{CFG.kafka_port}",
+        "ICESINK_PG_DSN": CFG.pg_dsn(CFG.pg_db),
+        "ICESINK_REST_URI": CFG.rest_uri,
+        "ICESINK_S3_ENDPOINT": CFG.s3_endpoint,
+        "ICESINK_WAREHOUSE": CFG.warehouse,
+        "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
+        "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
+        "AWS_REGION": CFG.region,
+        "AWS_DEFAULT_REGION": CFG.region,
+        "ICESINK_SPARK_JARS": ",".join(str(j) for j in jars),
+        "ICESINK_S3_SERVER": s3_server_name_or_unknown(),
+        "JAVA_HOME": str(java_home()),
+    }
+    for name, value in values.items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dev/stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, func in (("install", cmd_install), ("up", cmd_up), ("status", cmd_status),
+                       ("down", cmd_down), ("env", cmd_env)):  # fmt: skip
+        sub.add_parser(name).set_defaults(func=func)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except StackError as exc:
+        print(f"dev/stack {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
