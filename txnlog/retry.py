@@ -26,7 +26,8 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 T = TypeVar("T")
@@ -137,11 +138,12 @@ def run_with_retry(
     retrying = Retrying(
         retry=retry_if_exception(is_transient),
         stop=stop_after_attempt(policy.max_attempts) | stop_after_delay(policy.deadline.total_seconds()),
-        wait=wait_exponential_jitter(
-            initial=policy.initial_backoff.total_seconds(),
-            max=policy.max_backoff.total_seconds(),
-            jitter=policy.initial_backoff.total_seconds(),
-        ),
+        # Exponential from initial_backoff up to max_backoff, plus up to initial_backoff of jitter so
+        # replicas that lost the same server do not reconnect in lockstep.
+        wait=wait_exponential(
+            multiplier=policy.initial_backoff.total_seconds(), max=policy.max_backoff.total_seconds()
+        )
+        + wait_random(0, policy.initial_backoff.total_seconds()),
         before_sleep=before_sleep,
         reraise=True,
     )
