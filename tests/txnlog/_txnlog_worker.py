@@ -81,7 +81,12 @@ def hold(schema: str, sink_id: str, owner: str, idle_timeout_s: str) -> None:
 
 def main() -> None:
     command, *args = sys.argv[1:]
-    {"claim-race": claim_race, "hold": hold}[command](*args)
+    if command == "claim-race":
+        claim_race(*args)
+    elif command == "hold":
+        hold(*args)
+    else:
+        raise SystemExit(f"unknown command {command!r}")
 
 
 if __name__ == "__main__":
