@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +33,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     UPSERT = "upsert"
     APPEND = "append"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pyiceberg.schema import Schema
@@ -35,7 +35,7 @@ from pyiceberg.types import (
 )
 
 
-class Encoding(str, Enum):
+class Encoding(StrEnum):
     """How a column's value travels in the JSON event."""
 
     INTEGER = "integer"

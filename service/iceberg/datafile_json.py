@@ -56,7 +56,7 @@ def to_json(data_file: DataFile) -> dict[str, Any]:
         "file_path": data_file.file_path,
         "file_format": data_file.file_format.value,
         "spec_id": data_file.spec_id,
-        "partition": [_encode_value(v) for v in data_file.partition],
+        "partition": [_encode_value(data_file.partition[i]) for i in range(len(data_file.partition))],
         "record_count": data_file.record_count,
         "file_size_in_bytes": data_file.file_size_in_bytes,
         "column_sizes": _int_map(data_file.column_sizes),

@@ -15,7 +15,9 @@ import itertools
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import cast
 
+from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -119,8 +121,11 @@ class RowDelta:
         self.parent_snapshot_id: int | None = parent.snapshot_id if parent else None
         self._commit_uuid = uuid.uuid4()
         self._counter = itertools.count(0)
-        self._compression = self._metadata.properties.get(
-            TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+        self._compression = cast(
+            AvroCompressionCodec,
+            self._metadata.properties.get(
+                TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+            ),
         )
         self.written_metadata_files: list[str] = []
 
@@ -187,6 +192,9 @@ class RowDelta:
                 parent_snapshot_id=self.parent_snapshot_id,
                 ref_name=self.branch,
                 type=SnapshotRefType.BRANCH,
+                max_ref_age_ms=None,
+                max_snapshot_age_ms=None,
+                min_snapshots_to_keep=None,
             ),
         )
         requirements = (AssertRefSnapshotId(snapshot_id=self.parent_snapshot_id, ref=self.branch),)

@@ -1,0 +1,191 @@
+"""The commit protocol: txnlog precommit → one Iceberg snapshot → txnlog commit, and recovery.
+
+Every rule of the design that concerns commits lives here, in one place:
+
+* the snapshot id is chosen before the precommit and recorded with the files, so after any error or
+  unknown outcome the table can be asked "did it land?" (snapshot id, or the ``icesink.*`` summary
+  marker) instead of committing twice;
+* a conflict (the branch moved) is never rebased blindly: reload, look for our snapshot, check we
+  are not fenced, then build the snapshot again on the new parent;
+* a plan found in ``precommit`` at start-up is finished with the same files, never redone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import requests
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+)
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, PendingCommit
+from service.failpoints import failpoint
+from service.iceberg.row_delta import RowDelta
+from service.metrics import SinkMetrics
+from txnlog import Fenced, Lease, Phase, TransactionLog
+
+logger = logging.getLogger(__name__)
+
+# Errors after which the commit's outcome is unknown or the catalog is briefly unavailable.
+_UNKNOWN_OUTCOME = (
+    CommitStateUnknownException,
+    ServerError,
+    ServiceUnavailableError,
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    seq: int
+    snapshot_id: int | None
+    attempts: int
+    resumed: bool = False
+
+
+def find_commit(table: Table, sink_id: str, snapshot_id: int | None, seq: int) -> Snapshot | None:
+    """The snapshot that carries this commit, if it is in the table's history.
+
+    The pre-generated id is the first clue; the summary marker (same sink, ``icesink.seq`` at least
+    ``seq``) also finds it after the id was expired, since commits of one sink land in seq order.
+    """
+    if snapshot_id is not None and (snapshot := table.metadata.snapshot_by_id(snapshot_id)) is not None:
+        return snapshot
+    for snapshot in reversed(table.metadata.snapshots):
+        summary = snapshot.summary
+        if summary is None or summary.get(SUMMARY_SINK_ID) != sink_id:
+            continue
+        marker = summary.get(SUMMARY_SEQ)
+        if marker is not None and marker.isdigit() and int(marker) >= seq:
+            return snapshot
+    return None
+
+
+class Committer:
+    def __init__(
+        self,
+        log: TransactionLog,
+        lease: Lease,
+        catalog: Catalog,
+        metrics: SinkMetrics,
+        max_attempts: int = 10,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        self.log = log
+        self.lease = lease
+        self.catalog = catalog
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+        self.max_backoff_s = max_backoff_s
+
+    @property
+    def sink_id(self) -> str:
+        return self.lease.sink_id
+
+    def committed_offsets(self) -> Offsets:
+        state = self.log.state(self.sink_id)
+        payload = state.committed_payload if state else None
+        return PendingCommit.from_payload(payload).offsets if payload else {}
+
+    def recover(self) -> CommitResult | None:
+        """Finish a plan left in ``precommit`` by an earlier owner (or by this process before a crash)."""
+        state = self.lease.state
+        if state.phase is not Phase.PRECOMMIT or state.payload is None:
+            return None
+        pending = PendingCommit.from_payload(state.payload)
+        logger.info(
+            "recovering sink %s: plan seq %d (epoch %s) is precommitted; finishing it with its %d file(s)",
+            self.sink_id,
+            state.seq,
+            state.precommit_epoch,
+            len(pending.file_paths()),
+        )
+        result = self._finish(pending, state.seq)
+        return CommitResult(result.seq, result.snapshot_id, result.attempts, resumed=True)
+
+    def commit(self, pending: PendingCommit) -> CommitResult:
+        failpoint("before_precommit")
+        state = self.log.precommit(self.lease, pending.to_payload())
+        failpoint("after_precommit")
+        return self._finish(pending, state.seq)
+
+    def _finish(self, pending: PendingCommit, seq: int) -> CommitResult:
+        if not pending.has_files:
+            self.log.commit(self.lease, seq=seq)
+            return CommitResult(seq, None, 0)
+        with self.log.committing(self.lease, seq=seq):
+            attempts = self._commit_to_iceberg(pending, seq)
+            failpoint("after_catalog_commit")
+        failpoint("after_log_commit")
+        return CommitResult(seq, pending.snapshot_id, attempts)
+
+    def _check_not_fenced(self) -> None:
+        state = self.log.state(self.sink_id)
+        if state is not None and state.epoch != self.lease.epoch:
+            raise Fenced(self.sink_id, self.lease.epoch, state.epoch, state.owner)
+
+    def _commit_to_iceberg(self, pending: PendingCommit, seq: int) -> int:
+        """Commit the plan's snapshot; return the number of attempts. The only commit retry loop."""
+        summary = pending.summary(self.sink_id, self.lease.epoch, seq)
+        backoff = 0.2
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                table = self.catalog.load_table(pending.table)
+                if (found := find_commit(table, self.sink_id, pending.snapshot_id, seq)) is not None:
+                    if attempt > 1 or found.snapshot_id != pending.snapshot_id:
+                        logger.info(
+                            "seq %d is already in %s as snapshot %d", seq, pending.table, found.snapshot_id
+                        )
+                    return attempt
+                assert pending.snapshot_id is not None
+                delta = RowDelta(
+                    table, pending.snapshot_id, pending.data_files, pending.delete_files, summary
+                )
+                failpoint("during_catalog_commit")
+                delta.commit()
+                return attempt
+            except CommitFailedException as exc:
+                self.metrics.commit_failed("conflict")
+                logger.warning(
+                    "commit of seq %d to %s conflicted (attempt %d/%d): %s; checking and retrying",
+                    seq,
+                    pending.table,
+                    attempt,
+                    self.max_attempts,
+                    exc,
+                )
+            except _UNKNOWN_OUTCOME as exc:
+                self.metrics.commit_failed("unknown_outcome")
+                logger.warning(
+                    "commit of seq %d to %s: outcome unknown or catalog unavailable (attempt %d/%d): %s: %s",
+                    seq,
+                    pending.table,
+                    attempt,
+                    self.max_attempts,
+                    type(exc).__name__,
+                    exc,
+                )
+            if attempt == self.max_attempts:
+                break
+            self._check_not_fenced()
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+        raise CommitGaveUp(
+            f"commit of seq {seq} to {pending.table} failed {self.max_attempts} times; see the log"
+        )
+
+
+class CommitGaveUp(RuntimeError):
+    """The catalog kept failing; the plan stays precommitted and the next start resumes it."""

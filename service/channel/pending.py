@@ -1,0 +1,92 @@
+"""The plan of one commit, as recorded in the txnlog before it goes to Iceberg."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.manifest import DataFile
+
+from service.iceberg.datafile_json import from_json, to_json
+
+# topic → partition → next offset to read (exclusive end of what the commit covers)
+Offsets = dict[str, dict[int, int]]
+
+SUMMARY_SINK_ID = "icesink.sink-id"
+SUMMARY_EPOCH = "icesink.epoch"
+SUMMARY_SEQ = "icesink.seq"
+SUMMARY_OFFSETS = "icesink.offsets"
+
+
+def new_snapshot_id() -> int:
+    """A positive 63-bit id chosen before the commit, so the commit can be recognised afterwards."""
+    return secrets.randbits(63) or 1
+
+
+def offsets_to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {topic: {str(p): o for p, o in sorted(parts.items())} for topic, parts in sorted(offsets.items())}
+
+
+def offsets_from_json(obj: dict[str, dict[str, int]] | None) -> Offsets:
+    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in (obj or {}).items()}
+
+
+def merge_offsets(base: Offsets, newer: Offsets) -> Offsets:
+    merged = {topic: dict(parts) for topic, parts in base.items()}
+    for topic, parts in newer.items():
+        merged.setdefault(topic, {}).update(parts)
+    return merged
+
+
+@dataclass
+class PendingCommit:
+    """Files and offsets of one batch. ``snapshot_id`` is None when the batch wrote no file.
+
+    The payload is self-sufficient: any replica can finish the commit from it without Kafka.
+    """
+
+    table: str
+    offsets: Offsets
+    snapshot_id: int | None
+    data_files: list[DataFile] = field(default_factory=list)
+    delete_files: list[DataFile] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_files(self) -> bool:
+        return bool(self.data_files or self.delete_files)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "offsets": offsets_to_json(self.offsets),
+            "snapshot_id": self.snapshot_id,
+            "data_files": [to_json(f) for f in self.data_files],
+            "delete_files": [to_json(f) for f in self.delete_files],
+            "stats": self.stats,
+        }
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> PendingCommit:
+        return cls(
+            table=payload["table"],
+            offsets=offsets_from_json(payload.get("offsets")),
+            snapshot_id=payload.get("snapshot_id"),
+            data_files=[from_json(f) for f in payload.get("data_files", [])],
+            delete_files=[from_json(f) for f in payload.get("delete_files", [])],
+            stats=dict(payload.get("stats", {})),
+        )
+
+    def summary(self, sink_id: str, epoch: int, seq: int) -> dict[str, str]:
+        import json
+
+        return {
+            SUMMARY_SINK_ID: sink_id,
+            SUMMARY_EPOCH: str(epoch),
+            SUMMARY_SEQ: str(seq),
+            SUMMARY_OFFSETS: json.dumps(offsets_to_json(self.offsets), separators=(",", ":")),
+        }
+
+    def file_paths(self) -> list[str]:
+        return [f.file_path for f in self.data_files + self.delete_files]

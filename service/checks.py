@@ -1,0 +1,106 @@
+"""``icesink check``: one line per check, stopping at the first problem with what to fix."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from service.config import SinkConfig
+from service.job import JARS_ENV
+
+
+def _kafka(config: SinkConfig) -> str:
+    from service.source import partitions
+
+    parts = partitions(config.kafka)
+    return ", ".join(f"{t} ({len(p)} partitions)" for t, p in parts.items())
+
+
+def _txnlog(config: SinkConfig) -> str:
+    from txnlog import TransactionLog
+
+    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    try:
+        version = log.ensure_schema()
+        state = log.state(config.sink_id)
+    finally:
+        log.close()
+    where = "new sink" if state is None else f"epoch {state.epoch}, phase {state.phase}"
+    return f"schema version {version}, {where}"
+
+
+def _catalog(config: SinkConfig) -> str:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from service.iceberg.tables import open_catalog
+
+    catalog = open_catalog(config)
+    try:
+        table = catalog.load_table(config.table.identifier)
+    except NoSuchTableError:
+        if not config.table.create:
+            raise RuntimeError(
+                f"table {config.table.identifier} does not exist and table.create is false"
+            ) from None
+        catalog.list_namespaces()
+        return f"reachable; table {config.table.identifier} will be created"
+    return f"table {config.table.identifier} at {table.location()}"
+
+
+def _storage(config: SinkConfig) -> str:
+    """Write and delete a small object where the table's files go."""
+    import uuid
+
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from service.iceberg.tables import open_catalog
+
+    catalog = open_catalog(config)
+    try:
+        table = catalog.load_table(config.table.identifier)
+        io, location = table.io, table.location()
+    except NoSuchTableError:
+        from pyiceberg.io import load_file_io
+
+        location = config.catalog.get("warehouse", "")
+        if not location or ("://" not in location and not location.startswith("/")):
+            return "skipped: table not created yet and no warehouse location configured"
+        io = load_file_io(config.catalog_properties, location)
+    probe = f"{location.rstrip('/')}/.icesink-check-{uuid.uuid4().hex}"
+    with io.new_output(probe).create() as out:
+        out.write(b"ok")
+    io.delete(probe)
+    return f"wrote and deleted {probe}"
+
+
+def _spark_jars(config: SinkConfig) -> str:
+    jars = list(config.spark.jars) or [j for j in os.environ.get(JARS_ENV, "").split(",") if j]
+    if not jars:
+        raise RuntimeError(f"no Spark jars: set spark.jars or {JARS_ENV} (the Kafka source jar is required)")
+    missing = [j for j in jars if "://" not in j and not os.path.exists(j)]
+    if missing:
+        raise RuntimeError(f"missing jar file(s): {missing}")
+    if not any("spark-sql-kafka" in j for j in jars):
+        raise RuntimeError("no spark-sql-kafka-0-10 jar among the Spark jars")
+    return f"{len(jars)} jar(s)"
+
+
+CHECKS: list[tuple[str, Callable[[SinkConfig], str]]] = [
+    ("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
+    ("spark jars", _spark_jars),
+    ("kafka", _kafka),
+    ("txnlog (postgres)", _txnlog),
+    ("catalog", _catalog),
+    ("object store", _storage),
+]
+
+
+def run_checks(config: SinkConfig) -> bool:
+    for name, check in CHECKS:
+        try:
+            detail = check(config)
+        except Exception as exc:  # every failure becomes one readable line
+            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            return False
+        print(f"ok   {name}: {detail}")
+    return True

@@ -1,0 +1,121 @@
+"""``icesink``: run the sink, show its state, check its configuration and servers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+
+from service.config import ConfigError, SinkConfig, load_config
+from service.data.columns import SchemaError
+from service.logs import setup_logging
+
+logger = logging.getLogger("icesink")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_FENCED = 3
+
+
+def _run(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.health import Health
+    from service.job import SinkFenced, SinkJob
+    from service.source import SourceError
+
+    health = Health()
+    if config.health.port is not None:
+        health.serve(config.health.host, config.health.port)
+    try:
+        SinkJob(config, health).run(until_caught_up=args.until_caught_up)
+    except SinkFenced as exc:
+        logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
+        return EXIT_FENCED
+    except (SchemaError, SourceError) as exc:
+        logger.error("cannot start: %s", exc)
+        return EXIT_CONFIG
+    return EXIT_OK
+
+
+def _status(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.channel.pending import PendingCommit
+    from txnlog import TransactionLog
+
+    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    state = log.state(config.sink_id)
+    if state is None:
+        print(
+            json.dumps(
+                {"sink_id": config.sink_id, "table": config.table.identifier, "state": "never started"}
+            )
+        )
+        return EXIT_OK
+    committed = PendingCommit.from_payload(state.committed_payload) if state.committed_payload else None
+    pending = PendingCommit.from_payload(state.pending) if state.pending else None
+    out = {
+        "sink_id": state.sink_id,
+        "table": committed.table if committed else config.table.identifier,
+        "epoch": state.epoch,
+        "owner": state.owner,
+        "phase": str(state.phase),
+        "seq": state.seq,
+        "committed_seq": state.committed_seq,
+        "committed_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in committed.offsets.items()}
+        if committed
+        else {},
+        "last_snapshot_id": committed.snapshot_id if committed else None,
+        "pending": {"seq": state.seq, "snapshot_id": pending.snapshot_id, "files": len(pending.file_paths())}
+        if pending
+        else None,
+        "updated_at": state.updated_at.isoformat(),
+    }
+    print(json.dumps(out, indent=2))
+    return EXIT_OK
+
+
+def _check(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.checks import run_checks
+
+    return EXIT_OK if run_checks(config) else EXIT_FAILED
+
+
+COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
+    "run": _run,
+    "status": _status,
+    "check": _check,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="icesink", description="Exactly-once Debezium CDC from Kafka into Iceberg."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the sink")
+    run.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="exit 0 once everything in the topics at start-up is committed",
+    )
+    sub.add_parser("status", help="print the sink's state as JSON")
+    sub.add_parser("check", help="validate the configuration and reach every server")
+    for name in ("run", "status", "check"):
+        sub.choices[name].add_argument("--config", "-c", required=True, help="the sink's YAML file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"icesink: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(config.log)
+    return COMMANDS[args.command](config, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

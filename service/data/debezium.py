@@ -1,0 +1,257 @@
+"""Debezium JSON envelopes → typed change rows, as Spark expressions (parsing runs in the JVM).
+
+Each Kafka record becomes one row: its source position, the op, the table's columns converted to
+their Iceberg types, and ``__icesink_error``: null when the record is good, otherwise the reason it
+goes to the dead-letter topic. Nothing is dropped silently: a value that does not fit its column
+(malformed JSON, a number out of range, an undecodable decimal) is an error, never a null.
+
+Envelopes with a ``schema`` section (``{"schema": ..., "payload": {...}}``) and without one
+(``{"before": ..., "after": ..., "op": ...}``) are both accepted; the Kafka key may be
+``{"payload": {"id": 1}}`` or ``{"id": 1}``. Tombstones (null values) are skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+from decimal import Decimal
+
+import pandas as pd
+from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, TimestampType
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from service.data.columns import Column, Encoding
+from service.data.files import OP_COLUMN
+
+ERROR_COLUMN = "__icesink_error"
+CORRUPT_COLUMN = "__icesink_corrupt"
+POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
+VALID_OPS = ("c", "r", "u", "d")
+_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_MICROS_PER_DAY = 86_400_000_000
+
+_WIRE_TYPES: dict[Encoding, T.DataType] = {
+    Encoding.INTEGER: T.LongType(),
+    Encoding.FLOATING: T.DoubleType(),
+    Encoding.BOOLEAN: T.BooleanType(),
+    Encoding.DATE_DAYS: T.LongType(),
+    Encoding.TIME_MILLIS: T.LongType(),
+    Encoding.TIME_MICROS: T.LongType(),
+    Encoding.TIME_NANOS: T.LongType(),
+    Encoding.TIMESTAMP_MILLIS: T.LongType(),
+    Encoding.TIMESTAMP_MICROS: T.LongType(),
+    Encoding.TIMESTAMP_NANOS: T.LongType(),
+}
+
+
+def wire_type(encoding: Encoding) -> T.DataType:
+    """The Spark type a JSON value is parsed into before conversion (text for everything else)."""
+    return _WIRE_TYPES.get(encoding, T.StringType())
+
+
+def spark_type(column: Column) -> T.DataType:
+    """The Spark type of a converted column (TIME travels as int64 micros, UUID as text)."""
+    t = column.type
+    if isinstance(t, IntegerType):
+        return T.IntegerType()
+    if isinstance(t, LongType):
+        return T.LongType()
+    if isinstance(t, FloatType):
+        return T.FloatType()
+    if isinstance(t, DoubleType):
+        return T.DoubleType()
+    if isinstance(t, DecimalType):
+        return T.DecimalType(t.precision, t.scale)
+    mapping: dict[str, T.DataType] = {
+        "boolean": T.BooleanType(),
+        "string": T.StringType(),
+        "binary": T.BinaryType(),
+        "date": T.DateType(),
+        "time": T.LongType(),
+        "timestamp": T.TimestampNTZType(),
+        "timestamptz": T.TimestampType(),
+        "uuid": T.StringType(),
+    }
+    key = str(t)
+    if key.startswith("fixed"):
+        return T.BinaryType()
+    return mapping[key]
+
+
+def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
+    """Kafka Connect Decimal: base64 of a big-endian two's complement unscaled integer."""
+
+    def convert(text: object) -> Decimal | None:
+        if text is None or (isinstance(text, float) and pd.isna(text)):
+            return None
+        try:
+            raw = base64.b64decode(str(text), validate=True)
+        except ValueError:
+            return None
+        if not raw:
+            return None
+        return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+
+    return values.map(convert)
+
+
+def _decimal_udf(scale: int) -> F.UserDefinedFunction:
+    @F.pandas_udf(T.DecimalType(38, scale))  # type: ignore[call-overload]
+    def decode(values: pd.Series) -> pd.Series:
+        return _unscaled_to_decimal(values, scale)
+
+    return decode
+
+
+def convert(column: Column, wire: SparkColumn) -> SparkColumn:
+    """Expression turning the wire value into the column's type; null when it does not fit."""
+    target = spark_type(column)
+    enc = column.encoding
+    t = column.type
+    if enc is Encoding.DECIMAL_BASE64 and isinstance(t, DecimalType):
+        return _decimal_udf(t.scale)(wire).try_cast(target)
+    if enc is Encoding.BYTES_BASE64:
+        return F.call_function("try_to_binary", wire, F.lit("base64"))
+    if enc is Encoding.DATE_DAYS:
+        return F.call_function("date_from_unix_date", wire.try_cast(T.IntegerType()))
+    if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
+        micros = {
+            Encoding.TIME_MILLIS: wire * 1000,
+            Encoding.TIME_MICROS: wire,
+            Encoding.TIME_NANOS: F.floor(wire / 1000).cast("long"),
+        }[enc]
+        return F.when((micros >= 0) & (micros < _MICROS_PER_DAY), micros)
+    if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
+        instant = {
+            Encoding.TIMESTAMP_MILLIS: F.call_function("timestamp_millis", wire),
+            Encoding.TIMESTAMP_MICROS: F.call_function("timestamp_micros", wire),
+            Encoding.TIMESTAMP_NANOS: F.call_function("timestamp_micros", F.floor(wire / 1000).cast("long")),
+        }[enc]
+        # The session time zone is UTC (see service.job), so the wall clock of the instant is UTC.
+        return instant.cast(T.TimestampNTZType()) if isinstance(t, TimestampType) else instant
+    if enc is Encoding.UUID_TEXT:
+        return F.when(wire.rlike(_UUID_RE), F.lower(wire))
+    return wire.try_cast(target)
+
+
+def _row_struct(columns: list[Column]) -> T.StructType:
+    return T.StructType([T.StructField(c.name, wire_type(c.encoding)) for c in columns])
+
+
+def envelope_schema(columns: list[Column]) -> T.StructType:
+    row = _row_struct(columns)
+    body = [
+        T.StructField("before", row),
+        T.StructField("after", row),
+        T.StructField("op", T.StringType()),
+        T.StructField("ts_ms", T.LongType()),
+    ]
+    return T.StructType(
+        [T.StructField("payload", T.StructType(body)), *body, T.StructField(CORRUPT_COLUMN, T.StringType())]
+    )
+
+
+def key_schema(key_columns: list[Column]) -> T.StructType:
+    row = _row_struct(key_columns)
+    return T.StructType(
+        [T.StructField("payload", row), *row.fields, T.StructField(CORRUPT_COLUMN, T.StringType())]
+    )
+
+
+_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+
+
+def decode(records: DataFrame, columns: list[Column], key: list[str], max_record_bytes: int) -> DataFrame:
+    """Kafka rows (key, value, topic, partition, offset, timestamp) → change rows with an error column.
+
+    Tombstones are removed. The result keeps ``key`` and ``value`` for the dead-letter topic.
+    """
+    by_name = {c.name: c for c in columns}
+    key_columns = [by_name[k] for k in key]
+    value_text = F.col("value").cast("string")
+    key_text = F.col("key").cast("string")
+    env = F.from_json(value_text, envelope_schema(columns), _JSON_OPTIONS)
+    kjson = F.from_json(key_text, key_schema(key_columns), _JSON_OPTIONS)
+    parsed = records.where(F.col("value").isNotNull()).select(
+        *POSITION_COLUMNS, "key", "value", env.alias("env"), kjson.alias("kjson")
+    )
+    has_payload = F.col("env.payload").isNotNull()
+    op = F.when(has_payload, F.col("env.payload.op")).otherwise(F.col("env.op"))
+    after = F.when(has_payload, F.col("env.payload.after")).otherwise(F.col("env.after"))
+    before = F.when(has_payload, F.col("env.payload.before")).otherwise(F.col("env.before"))
+    staged = parsed.select(
+        *POSITION_COLUMNS,
+        "key",
+        "value",
+        op.alias(OP_COLUMN),
+        after.alias("after"),
+        before.alias("before"),
+        F.col(f"env.{CORRUPT_COLUMN}").alias("value_corrupt"),
+        F.when(F.col("kjson.payload").isNotNull(), F.col("kjson.payload"))
+        .otherwise(F.struct(*[F.col(f"kjson.`{k}`").alias(k) for k in key]))
+        .alias("kstruct"),
+        F.col(f"kjson.{CORRUPT_COLUMN}").alias("key_corrupt"),
+    )
+
+    is_delete = F.col(OP_COLUMN) == "d"
+    image = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
+    values: dict[str, SparkColumn] = {}
+    errors: list[SparkColumn] = [
+        F.when(
+            F.length("value") > max_record_bytes,
+            F.format_string(
+                "record of %d bytes exceeds source.max_record_bytes (%d)",
+                F.length("value"),
+                F.lit(max_record_bytes),
+            ),
+        ),
+        F.when(
+            F.col("value_corrupt").isNotNull(),
+            F.lit("malformed event: not JSON or a value of the wrong JSON type"),
+        ),
+        F.when(F.col(OP_COLUMN).isNull(), F.lit("event has no op (not a Debezium change event)")),
+        F.when(~F.col(OP_COLUMN).isin(*VALID_OPS), F.format_string("unknown op '%s'", F.col(OP_COLUMN))),
+        F.when(~is_delete & F.col("after").isNull(), F.lit("create/update event without an 'after' image")),
+    ]
+    for c in columns:
+        wire = F.col(f"kstruct.`{c.name}`") if c.name in key else None
+        image_wire = image.getField(c.name)
+        wire = F.coalesce(wire, image_wire) if wire is not None else image_wire
+        converted = convert(c, wire)
+        values[c.name] = converted
+        errors.append(
+            F.when(
+                wire.isNotNull() & converted.isNull(),
+                F.format_string(
+                    "column %s: value %s does not fit type %s",
+                    F.lit(c.name),
+                    wire.cast("string"),
+                    F.lit(str(c.type)),
+                ),
+            )
+        )
+        if c.name in key:
+            errors.append(F.when(wire.isNull(), F.lit(f"key column {c.name} is missing")))
+        elif c.required:
+            errors.append(F.when(~is_delete & wire.isNull(), F.lit(f"required column {c.name} is null")))
+    return staged.select(
+        *POSITION_COLUMNS,
+        "key",
+        "value",
+        F.col(OP_COLUMN),
+        *[values[c.name].alias(c.name) for c in columns],
+        F.coalesce(*errors).alias(ERROR_COLUMN),
+    )
+
+
+def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
+    """The last change of every key in the batch (rule 3: one data row per key per snapshot).
+
+    Order is the Kafka offset: Debezium keys records by primary key, so all changes of one row
+    land in one partition, where offsets are the source's commit order.
+    """
+    others = [c for c in changes.columns if c not in key]
+    latest = F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]), F.col("offset")).alias("latest")
+    return changes.groupBy(*[F.col(f"`{k}`") for k in key]).agg(latest).select(*key, "latest.*")

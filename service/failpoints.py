@@ -1,0 +1,88 @@
+"""Fail points in the commit path, for fault-injection tests. Inert unless configured.
+
+``ICESINK_FAILPOINTS="after_precommit=kill,during_catalog_commit=raise@2,after_catalog_commit=delay:5"``
+switches them on: ``kill`` ends the process at once (``os._exit``, as SIGKILL would: no cleanup, no
+flush), ``raise`` raises :class:`InjectedFault`, ``delay:S`` sleeps S seconds. ``@N`` fires on the N-th
+time the point is reached (default: the first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+POINTS = (
+    "before_precommit",
+    "after_precommit",
+    "during_catalog_commit",
+    "after_catalog_commit",
+    "after_log_commit",
+)
+ENV = "ICESINK_FAILPOINTS"
+KILL_EXIT_CODE = 137
+
+logger = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a fail point whose action is ``raise``."""
+
+
+@dataclass
+class _Rule:
+    action: str
+    arg: float
+    nth: int
+    hits: int = 0
+
+
+_rules: dict[str, _Rule] = {}
+_lock = threading.Lock()
+
+
+def parse(spec: str) -> dict[str, _Rule]:
+    rules: dict[str, _Rule] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, rest = item.partition("=")
+        if name not in POINTS:
+            raise ValueError(f"{ENV}: unknown fail point {name!r}; known: {', '.join(POINTS)}")
+        action, _, nth = rest.partition("@")
+        verb, _, arg = action.partition(":")
+        if verb not in ("kill", "raise", "delay"):
+            raise ValueError(f"{ENV}: unknown action {verb!r} for {name} (kill, raise, delay:SECONDS)")
+        rules[name] = _Rule(verb, float(arg or 0), int(nth or 1))
+    return rules
+
+
+def configure(spec: str | None = None) -> None:
+    """Load the rules from ``spec`` or from the environment; called once at start-up."""
+    global _rules
+    with _lock:
+        _rules = parse(os.environ.get(ENV, "") if spec is None else spec)
+    if _rules:
+        logger.warning(
+            "fail points armed: %s", ", ".join(f"{k}={v.action}@{v.nth}" for k, v in _rules.items())
+        )
+
+
+def failpoint(name: str) -> None:
+    rule = _rules.get(name)
+    if rule is None:
+        return
+    with _lock:
+        rule.hits += 1
+        fire = rule.hits == rule.nth
+    if not fire:
+        return
+    logger.warning("fail point %s: %s", name, rule.action)
+    if rule.action == "kill":
+        sys.stderr.write(f"fail point {name}: killing the process\n")
+        sys.stderr.flush()
+        os._exit(KILL_EXIT_CODE)
+    if rule.action == "raise":
+        raise InjectedFault(f"fail point {name}")
+    time.sleep(rule.arg)

@@ -1,0 +1,184 @@
+"""The sink's table: catalog connection, automatic creation, compatibility checks, delete spec."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.update import AddPartitionSpecUpdate, AssertLastAssignedPartitionId
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.types import PrimitiveType
+
+from service.config import SinkConfig
+from service.data.columns import Column, SchemaError, iceberg_schema
+
+logger = logging.getLogger(__name__)
+
+# Table properties set on tables icesink creates (the user's table.properties win).
+DEFAULT_TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.parquet.compression-codec": "zstd",
+}
+
+_TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([\w.]+)\s*\)\s*$")
+
+
+def open_catalog(config: SinkConfig) -> Catalog:
+    return load_catalog(config.catalog_name, **config.catalog_properties)
+
+
+def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
+    """``country`` → identity; ``day(ts)``, ``bucket(16, id)``, ``truncate(4, name)``, ``hour(ts)`` ..."""
+    if re.fullmatch(r"\s*[\w.]+\s*", text):
+        return text.strip(), IdentityTransform()
+    match = _TRANSFORM_RE.match(text)
+    if match is None:
+        raise SchemaError(
+            f"partition_by: can't parse {text!r} (use col, day(col), bucket(16, col), truncate(4, col))"
+        )
+    name, number, column = match.group(1).lower(), match.group(2), match.group(3)
+    simple: dict[str, Transform[Any, Any]] = {
+        "identity": IdentityTransform(),
+        "year": YearTransform(),
+        "years": YearTransform(),
+        "month": MonthTransform(),
+        "months": MonthTransform(),
+        "day": DayTransform(),
+        "days": DayTransform(),
+        "hour": HourTransform(),
+        "hours": HourTransform(),
+    }
+    if name in simple and number is None:
+        return column, simple[name]
+    if name == "bucket" and number is not None:
+        return column, BucketTransform(int(number))
+    if name == "truncate" and number is not None:
+        return column, TruncateTransform(int(number))
+    raise SchemaError(f"partition_by: unknown transform in {text!r}")
+
+
+def _check_columns(table: Table, columns: list[Column]) -> None:
+    """An existing table is used as it is; refuse columns that can't be written into it."""
+    schema = table.schema()
+    for column in columns:
+        try:
+            field = schema.find_field(column.name)
+        except ValueError:
+            raise SchemaError(
+                f"table {table.name()} has no column {column.name!r} (type {column.type}) that the events carry"
+            ) from None
+        if not isinstance(field.field_type, PrimitiveType) or field.field_type != column.type:
+            raise SchemaError(
+                f"column {column.name}: the events carry {column.type} but table {'.'.join(table.name())} "
+                f"has {field.field_type}"
+            )
+
+
+def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | None) -> Table:
+    """Load the table, or create it (namespace too) from ``columns`` when allowed."""
+    cfg = config.table
+    try:
+        table = catalog.load_table(cfg.identifier)
+    except NoSuchTableError:
+        if not cfg.create:
+            raise SchemaError(f"table {cfg.identifier} does not exist and table.create is false") from None
+        if not columns:
+            raise SchemaError(
+                f"table {cfg.identifier} does not exist and its schema is unknown: configure table.columns "
+                "or send events with a schema section"
+            ) from None
+        table = _create(catalog, config, columns)
+    if columns:
+        _check_columns(table, columns)
+    missing = [k for k in cfg.key if k not in {f.name for f in table.schema().fields}]
+    if missing:
+        raise SchemaError(f"key column(s) {missing} are not in table {cfg.identifier}")
+    return table
+
+
+def _create(catalog: Catalog, config: SinkConfig, columns: list[Column]) -> Table:
+    cfg = config.table
+    try:
+        catalog.create_namespace(cfg.namespace)
+        logger.info("created namespace %s", ".".join(cfg.namespace))
+    except NamespaceAlreadyExistsError:
+        pass
+    schema: Schema = iceberg_schema(columns, cfg.key)
+    partition_fields = [parse_partition_field(p) for p in cfg.partition_by]
+    for column, _ in partition_fields:
+        if column not in {c.name for c in columns}:
+            raise SchemaError(f"partition_by: column {column!r} is not among the table's columns")
+    properties = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}
+    try:
+        # Created unpartitioned first, so spec 0 is unpartitioned: equality deletes written with it
+        # apply to every partition (needed when a row can move between partitions).
+        table = catalog.create_table(cfg.identifier, schema=schema, properties=properties)
+    except TableAlreadyExistsError:
+        return catalog.load_table(cfg.identifier)
+    if partition_fields:
+        with table.update_spec() as update:
+            for column, transform in partition_fields:
+                update.add_field(column, transform)
+        table = catalog.load_table(cfg.identifier)
+    logger.info(
+        "created table %s (format v2, key %s, partitioned by %s)",
+        cfg.identifier,
+        cfg.key,
+        cfg.partition_by or "nothing",
+    )
+    return table
+
+
+def delete_spec_id(table: Table, key: list[str]) -> int:
+    """The spec equality deletes are written with.
+
+    Deletes scoped to a partition apply only to data files of that partition (and spec), so they are
+    right only when a key always maps to the same partition: every partition source column is a key
+    column, and no other partitioned spec holds data. Otherwise deletes are global (an unpartitioned
+    spec), added to the table's specs without becoming the default if the table has none.
+    """
+    metadata = table.metadata
+    schema = table.schema()
+    key_ids = {schema.find_field(k).field_id for k in key}
+    default = metadata.spec()
+    partitioned = [s for s in metadata.partition_specs if not s.is_unpartitioned()]
+    if default.is_unpartitioned():
+        return default.spec_id
+    if {f.source_id for f in default.fields} <= key_ids and len(partitioned) == 1:
+        return default.spec_id
+    for spec in metadata.partition_specs:
+        if spec.is_unpartitioned():
+            return spec.spec_id
+    return _add_unpartitioned_spec(table)
+
+
+def _add_unpartitioned_spec(table: Table) -> int:
+    new_id = max(s.spec_id for s in table.metadata.partition_specs) + 1
+    spec = PartitionSpec(spec_id=new_id)
+    table.catalog.commit_table(
+        table,
+        (AssertLastAssignedPartitionId(last_assigned_partition_id=table.metadata.last_partition_id),),
+        (AddPartitionSpecUpdate(spec=spec),),
+    )
+    logger.info(
+        "added unpartitioned spec %d to %s for global equality deletes", new_id, ".".join(table.name())
+    )
+    return new_id

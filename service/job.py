@@ -1,0 +1,350 @@
+"""The streaming job: Kafka → decode → latest change per key → Parquet files → one commit per batch.
+
+Start-up order matters and is the exactly-once story in miniature: claim the sink (fencing any
+older replica), finish a plan left in precommit, and only then start reading Kafka from the
+committed offsets held by the txnlog. Spark's checkpoint is a throwaway directory: the log is the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from service.channel.committer import Committer
+from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
+from service.config import Mode, SinkConfig
+from service.data.columns import Column, column_from_config, columns_for_table, columns_from_envelope_schema
+from service.data.debezium import ERROR_COLUMN, decode, latest_per_key
+from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition, writer_properties
+from service.failpoints import configure as configure_failpoints
+from service.health import Health
+from service.iceberg.datafile_json import from_json
+from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog
+from service.metrics import SinkMetrics, setup_metrics
+from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
+from txnlog import Fenced, Lease, TransactionLog
+
+logger = logging.getLogger(__name__)
+
+JARS_ENV = "ICESINK_SPARK_JARS"
+
+
+class SinkFenced(RuntimeError):
+    """A newer replica took over; this one must stop without writing anything more."""
+
+
+def build_spark(config: SinkConfig) -> SparkSession:
+    # Python workers must run the same interpreter (and packages) as the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    jars = list(config.spark.jars) or [j for j in os.environ.get(JARS_ENV, "").split(",") if j]
+    builder = (
+        SparkSession.builder.master(config.spark.master)
+        .appName(config.spark.app_name or f"icesink-{config.sink_id}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(config.write.parallelism))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    for key, value in config.spark.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, list[Column]]:
+    """The table (created if needed) and its columns with the encodings the events use."""
+    declared: list[Column] | None = None
+    if config.table.columns:
+        declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in config.table.columns]
+    else:
+        schema = peek_schema(config.kafka)
+        if schema is not None:
+            declared = columns_from_envelope_schema(schema)
+    table = ensure_table(catalog, config, declared)
+    encodings = {c.name: c.encoding for c in declared or []}
+    return table, columns_for_table(table.schema(), encodings)
+
+
+@dataclass
+class BatchOutcome:
+    records: int = 0
+    dead_letters: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+
+
+class SinkJob:
+    def __init__(self, config: SinkConfig, health: Health | None = None) -> None:
+        self.config = config
+        self.health = health or Health()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.log = TransactionLog(
+            config.txnlog.dsn,
+            schema=config.txnlog.schema_name,
+            lock_timeout=config.txnlog.lock_timeout,
+            idle_in_transaction_timeout=config.txnlog.session_timeout,
+            application_name=f"icesink:{config.sink_id}",
+        )
+        self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
+        self.catalog = open_catalog(config)
+        self.fatal: BaseException | None = None
+
+    # -- start-up ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        configure_failpoints()
+        self.table, self.columns = resolve_columns(self.config, self.catalog)
+        self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
+        self.lease: Lease = self.log.claim(self.config.sink_id, self.owner)
+        logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
+        self.committer = Committer(
+            self.log, self.lease, self.catalog, self.metrics, max_attempts=self.config.commit.retries
+        )
+        try:
+            self.committer.recover()
+        except Fenced as exc:
+            raise SinkFenced(str(exc)) from exc
+        self.offsets: Offsets = self.committer.committed_offsets()
+        self.partitions = partitions(self.config.kafka)
+
+    @property
+    def upsert(self) -> bool:
+        return self.config.table.mode is Mode.UPSERT
+
+    # -- the stream ----------------------------------------------------------------------------------
+
+    def run(self, until_caught_up: bool = False) -> None:
+        self.start()
+        spark = build_spark(self.config)
+        checkpoint = tempfile.mkdtemp(
+            prefix=f"icesink-{self.config.sink_id}-", dir=self.config.spark.checkpoint_dir
+        )
+        start = starting_offsets(self.partitions, self.offsets, self.config.kafka.starting_offsets)
+        if until_caught_up:
+            self._target = end_offsets(self.config.kafka, self.partitions)
+            logger.info("catching up to %s", self._target)
+        reader = (
+            spark.readStream.format("kafka")
+            .options(**spark_options(self.config.kafka))
+            .option("subscribe", ",".join(self.config.kafka.topics))
+            .option("startingOffsets", start)
+            .option("failOnDataLoss", "true")
+        )
+        if self.config.kafka.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.config.kafka.max_offsets_per_trigger))
+        writer = (
+            reader.load().writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint)
+        )
+        if until_caught_up:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{self.config.commit.trigger_interval.total_seconds()} seconds"
+            )
+        query = writer.start()
+        self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
+        logger.info("consuming %s from %s", self.config.kafka.topics, start)
+        try:
+            query.awaitTermination()
+        except Exception:
+            if self.fatal is not None:
+                raise self.fatal from None
+            raise
+        finally:
+            self.health.set_not_ready("stopped")
+            shutil.rmtree(checkpoint, ignore_errors=True)
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _on_batch(self, records: DataFrame, batch_id: int) -> None:
+        try:
+            self.process_batch(records)
+        except Fenced as exc:
+            self.metrics.fenced.add(1, self.metrics.attrs())
+            self.fatal = SinkFenced(str(exc))
+            raise
+        except BaseException as exc:
+            self.fatal = exc
+            raise
+
+    # -- one batch -------------------------------------------------------------------------------------
+
+    def process_batch(self, records: DataFrame) -> None:
+        started = time.monotonic()
+        records = records.persist()
+        try:
+            ranges = (
+                records.groupBy("topic", "partition")
+                .agg(F.max("offset").alias("last"), F.max("timestamp").alias("newest"))
+                .collect()
+            )
+            if not ranges:
+                return
+            batch_offsets: Offsets = {}
+            for row in ranges:
+                batch_offsets.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
+            newest = max((r["newest"] for r in ranges if r["newest"] is not None), default=None)
+            pending, outcome = self._write(records, merge_offsets(self.offsets, batch_offsets))
+            written = time.monotonic()
+            self.metrics.write_duration.record(written - started, self.metrics.attrs())
+            result = self.committer.commit(pending)
+            committed = time.monotonic()
+        finally:
+            records.unpersist()
+        self.offsets = pending.offsets
+        self._record(pending, outcome, result.seq, written - started, committed - written, newest)
+
+    def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
+        cfg = self.config
+        changes = decode(records, self.columns, cfg.table.key, cfg.source.max_record_bytes).persist()
+        try:
+            outcome = BatchOutcome()
+            for row in (
+                changes.groupBy(OP_COLUMN, F.col(ERROR_COLUMN).isNotNull().alias("bad")).count().collect()
+            ):
+                outcome.records += row["count"]
+                if row["bad"]:
+                    outcome.dead_letters += row["count"]
+                else:
+                    op = row[OP_COLUMN]
+                    outcome.by_op[op] = outcome.by_op.get(op, 0) + row["count"]
+            if outcome.dead_letters:
+                self._dead_letter(changes.where(F.col(ERROR_COLUMN).isNotNull()))
+            good = changes.where(F.col(ERROR_COLUMN).isNull())
+            rows = latest_per_key(good, cfg.table.key) if self.upsert else good.where(F.col(OP_COLUMN) != "d")
+            table = self.catalog.load_table(cfg.table.identifier)
+            rows = rows.select(*[F.col(f"`{c.name}`") for c in self.columns], F.col(OP_COLUMN))
+            spec = table.spec()
+            if not spec.is_unpartitioned():
+                sources = [table.schema().find_column_name(f.source_id) for f in spec.fields]
+                rows = rows.repartition(cfg.write.parallelism, *[F.col(f"`{s}`") for s in sources if s])
+            write_spec = WriteSpec(
+                metadata=table.metadata,
+                io_properties=dict(table.io.properties),
+                key=list(cfg.table.key),
+                upsert=self.upsert,
+                delete_spec_id=self.delete_spec,
+                writer_properties=writer_properties(
+                    cfg.write.target_file_size,
+                    cfg.write.compression,
+                    cfg.write.compression_level,
+                    cfg.write.row_group_limit,
+                    cfg.write.page_size,
+                ),
+            )
+            import json
+
+            files = [
+                from_json(json.loads(r["file"]))
+                for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
+            ]
+        finally:
+            changes.unpersist()
+        data = [f for f in files if int(f.content) == 0]
+        deletes = [f for f in files if int(f.content) != 0]
+        pending = PendingCommit(
+            table=cfg.table.identifier,
+            offsets=offsets,
+            snapshot_id=new_snapshot_id() if files else None,
+            data_files=data,
+            delete_files=deletes,
+            stats={
+                "records": outcome.records,
+                "dead_letters": outcome.dead_letters,
+                "data_rows": sum(f.record_count for f in data),
+                "delete_rows": sum(f.record_count for f in deletes),
+                "bytes": sum(f.file_size_in_bytes for f in files),
+            },
+        )
+        return pending, outcome
+
+    def _dead_letter(self, bad: DataFrame) -> None:
+        def header(name: str, value: F.Column) -> F.Column:
+            return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
+
+        out = bad.select(
+            F.col("key"),
+            F.col("value"),
+            F.array(
+                header("icesink.error", F.col(ERROR_COLUMN)),
+                header("icesink.source.topic", F.col("topic")),
+                header("icesink.source.partition", F.col("partition")),
+                header("icesink.source.offset", F.col("offset")),
+                header("icesink.sink-id", F.lit(self.config.sink_id)),
+            ).alias("headers"),
+        )
+        (
+            out.write.format("kafka")
+            .options(**spark_options(self.config.kafka))
+            .option("topic", self.config.dead_letter_topic)
+            .option("includeHeaders", "true")
+            .save()
+        )
+
+    def _record(
+        self,
+        pending: PendingCommit,
+        outcome: BatchOutcome,
+        seq: int,
+        write_s: float,
+        commit_s: float,
+        newest: object,
+    ) -> None:
+        m = self.metrics
+        attrs = m.attrs()
+        m.commit_duration.record(commit_s, attrs)
+        m.commits.add(1, attrs)
+        for op, n in outcome.by_op.items():
+            m.records.add(n, m.attrs(op=op))
+        if outcome.dead_letters:
+            m.dead_letters.add(outcome.dead_letters, attrs)
+        for content, files in (("data", pending.data_files), ("delete", pending.delete_files)):
+            if files:
+                m.written_bytes.add(sum(f.file_size_in_bytes for f in files), m.attrs(content=content))
+                m.written_files.add(len(files), m.attrs(content=content))
+        if hasattr(newest, "timestamp"):
+            m.set_freshness(max(0.0, time.time() - newest.timestamp()))
+        logger.info(
+            "committed seq %d to %s: snapshot %s, %d records (%s), %d dead letters, %d data + %d delete rows, "
+            "%d bytes, write %.2fs, commit %.2fs",
+            seq,
+            pending.table,
+            pending.snapshot_id,
+            outcome.records,
+            ", ".join(f"{k}={v}" for k, v in sorted(outcome.by_op.items())) or "none",
+            outcome.dead_letters,
+            pending.stats["data_rows"],
+            pending.stats["delete_rows"],
+            pending.stats["bytes"],
+            write_s,
+            commit_s,
+            extra={
+                "fields": {
+                    "table": pending.table,
+                    "snapshot_id": pending.snapshot_id,
+                    "seq": seq,
+                    "records": outcome.records,
+                    "bytes": pending.stats["bytes"],
+                    "duration_s": round(write_s + commit_s, 3),
+                }
+            },
+        )
+        if hasattr(self, "_target"):
+            done = sum(o for t in self.offsets.values() for o in t.values())
+            todo = sum(o for t in self._target.values() for o in t.values())
+            logger.info("catch-up progress: %d of %d offsets", min(done, todo), todo)
