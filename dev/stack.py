@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
@@ -75,7 +76,9 @@ def _env_int(name: str, default: int) -> int:
 @dataclass(frozen=True)
 class Config:
     kafka_port: int = field(default_factory=lambda: _env_int("ICESINK_KAFKA_PORT", 19092))
-    kafka_controller_port: int = field(default_factory=lambda: _env_int("ICESINK_KAFKA_CONTROLLER_PORT", 19093))
+    kafka_controller_port: int = field(
+        default_factory=lambda: _env_int("ICESINK_KAFKA_CONTROLLER_PORT", 19093)
+    )
     pg_port: int = field(default_factory=lambda: _env_int("ICESINK_PG_PORT", 15432))
     s3_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_PORT", 19000))
     s3_console_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_CONSOLE_PORT", 19001))
@@ -134,7 +137,7 @@ def stamp_ok(stamp: Path, value: str) -> bool:
 
 
 def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=True, text=True, **kwargs)  # type: ignore[call-overload,no-any-return]
+    return subprocess.run(argv, check=True, text=True, **kwargs)  # type: ignore[call-overload]
 
 
 def java_home() -> Path:
@@ -161,13 +164,17 @@ def java_major() -> int:
 
 def pg_bindir() -> Path:
     override = os.environ.get("ICESINK_PG_BINDIR")
-    candidates = [Path(override)] if override else sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
+    candidates = (
+        [Path(override)]
+        if override
+        else sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True)
     )
     for cand in candidates:
         if (cand / "postgres").exists() and (cand / "initdb").exists():
             return cand
-    raise StackError("PostgreSQL server binaries not found: run scripts/bootstrap (apt-get install postgresql)")
+    raise StackError(
+        "PostgreSQL server binaries not found: run scripts/bootstrap (apt-get install postgresql)"
+    )
 
 
 def venv_bin(tool: str) -> str | None:
@@ -247,7 +254,8 @@ def s3_request(method: str, path: str, query: str = "") -> tuple[int, bytes]:
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     headers["authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={CFG.s3_access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
+        f"AWS4-HMAC-SHA256 Credential={CFG.s3_access_key}/{scope}, "
+        f"SignedHeaders={signed}, Signature={signature}"
     )
     conn = http.client.HTTPConnection(HOST, CFG.s3_port, timeout=5)
     try:
@@ -306,10 +314,19 @@ def maven_fetch(module: str, dest: Path) -> list[Path]:
         tmp = dest.with_name(dest.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         argv = [
-            "mvn", "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={CACHE / 'm2'}",
-            f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
-        ]  # fmt: skip
-        res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())})
+            "mvn",
+            "-B",
+            "-q",
+            "-f",
+            str(pom),
+            f"-Dmaven.repo.local={CACHE / 'm2'}",
+            f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={tmp}",
+        ]
+        res = subprocess.run(
+            argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())}
+        )
         if res.returncode != 0:
             raise StackError(f"Maven failed for {pom}:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}")
         shutil.rmtree(dest, ignore_errors=True)
@@ -359,8 +376,10 @@ def go_install(name: str, module: str, version: str, binary: str) -> bool:
         return True
     forced = os.environ.get("ICESINK_S3_SERVER") == name
     if failed.exists() and stamp_ok(failed, version) and not forced:
-        log(f"skipping {name}: its build failed before (see {CACHE / 'logs' / (binary + '-build.log')}); "
-            f"set ICESINK_S3_SERVER={name} to retry")  # fmt: skip
+        log(
+            f"skipping {name}: its build failed before (see {CACHE / 'logs' / (binary + '-build.log')}); "
+            f"set ICESINK_S3_SERVER={name} to retry"
+        )
         return False
     if not shutil.which("go"):
         log(f"skipping {name}: no Go toolchain (scripts/bootstrap installs golang-go)")
@@ -372,8 +391,14 @@ def go_install(name: str, module: str, version: str, binary: str) -> bool:
     log(f"building {name} with `go install {module}@{version}` (up to {timeout}s; log {build_log})")
     started = time.monotonic()
     with build_log.open("w") as out:
-        proc = subprocess.Popen(["go", "install", f"{module}@{version}"], stdout=out, stderr=subprocess.STDOUT,
-                                env=go_env(), cwd=CACHE, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            ["go", "install", f"{module}@{version}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=go_env(),
+            cwd=CACHE,
+            start_new_session=True,
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -466,15 +491,30 @@ class Service:
             return False, f"{type(exc).__name__}: {exc}".strip()
 
 
-def spawn(svc: Service, argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-          user: str | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+def spawn(
+    svc: Service,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> subprocess.Popen[bytes]:
     LOGS.mkdir(parents=True, exist_ok=True)
     PIDS.mkdir(parents=True, exist_ok=True)
     with svc.log.open("ab") as out:
-        out.write(f"\n==== {dt.datetime.now().isoformat(timespec='seconds')} dev/stack up: {shlex.join(argv)}\n".encode())
+        now = dt.datetime.now().isoformat(timespec="seconds")
+        out.write(f"\n==== {now} dev/stack up: {shlex.join(argv)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True, user=user, group=user)  # fmt: skip
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            user=user,
+            group=user,
+        )
     svc.pidfile.write_text(f"{proc.pid}\n")
     return proc
 
@@ -494,7 +534,7 @@ def pg_os_user() -> str | None:
 
 
 def pg_home() -> Path:
-    """Where the cluster lives: RUN/postgres, unless the postgres OS user cannot reach it (e.g. under /root)."""
+    """Where the cluster lives: RUN/postgres, unless the postgres OS user cannot reach it (under /root...)."""
     home = RUN / "postgres"
     user = pg_os_user()
     if user is None:
@@ -522,10 +562,24 @@ def pg_start() -> subprocess.Popen[bytes]:
             shutil.chown(pwfile.name, user, user)
         try:
             res = subprocess.run(
-                [str(bindir / "initdb"), "-D", str(data), "-U", CFG.pg_user, f"--pwfile={pwfile.name}",
-                 "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--no-locale"],
-                capture_output=True, text=True, user=user, group=user,
-            )  # fmt: skip
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    CFG.pg_user,
+                    f"--pwfile={pwfile.name}",
+                    "--auth-host=scram-sha-256",
+                    "--auth-local=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-locale",
+                ],
+                capture_output=True,
+                text=True,
+                user=user,
+                group=user,
+            )
         finally:
             os.unlink(pwfile.name)
         if res.returncode != 0:
@@ -533,19 +587,45 @@ def pg_start() -> subprocess.Popen[bytes]:
     sock.mkdir(exist_ok=True)
     if user:
         shutil.chown(sock, user, user)
-    argv = [str(bindir / "postgres"), "-D", str(data), "-p", str(CFG.pg_port),
-            "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={sock}",
-            "-c", "max_connections=200"]  # fmt: skip
+    argv = [
+        str(bindir / "postgres"),
+        "-D",
+        str(data),
+        "-p",
+        str(CFG.pg_port),
+        "-c",
+        f"listen_addresses={HOST}",
+        "-c",
+        f"unix_socket_directories={sock}",
+        "-c",
+        "max_connections=200",
+    ]
     return spawn(SERVICES["postgres"], argv, user=user)
 
 
 def psql(sql: str, db: str = "postgres") -> str:
     bindir = pg_bindir()
     res = subprocess.run(
-        [str(bindir / "psql"), "-h", HOST, "-p", str(CFG.pg_port), "-U", CFG.pg_user, "-d", db,
-         "-v", "ON_ERROR_STOP=1", "-Atc", sql],
-        capture_output=True, text=True, timeout=20, env={**os.environ, "PGPASSWORD": CFG.pg_password},
-    )  # fmt: skip
+        [
+            str(bindir / "psql"),
+            "-h",
+            HOST,
+            "-p",
+            str(CFG.pg_port),
+            "-U",
+            CFG.pg_user,
+            "-d",
+            db,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-Atc",
+            sql,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "PGPASSWORD": CFG.pg_password},
+    )
     if res.returncode != 0:
         raise StackError(res.stderr.strip() or f"psql exited {res.returncode}")
     return res.stdout.strip()
@@ -587,10 +667,23 @@ def s3_start() -> subprocess.Popen[bytes]:
     data.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AWS_ACCESS_KEY_ID": CFG.s3_access_key, "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key}
     if name == "minio":
-        env.update(MINIO_ROOT_USER=CFG.s3_access_key, MINIO_ROOT_PASSWORD=CFG.s3_secret_key,
-                   MINIO_REGION=CFG.region, MINIO_BROWSER="off", MINIO_UPDATE="off")  # fmt: skip
-        argv = [str(CACHE / "bin" / "minio"), "server", "--quiet", "--address", f"{HOST}:{CFG.s3_port}",
-                "--console-address", f"{HOST}:{CFG.s3_console_port}", str(data / "data")]  # fmt: skip
+        env.update(
+            MINIO_ROOT_USER=CFG.s3_access_key,
+            MINIO_ROOT_PASSWORD=CFG.s3_secret_key,
+            MINIO_REGION=CFG.region,
+            MINIO_BROWSER="off",
+            MINIO_UPDATE="off",
+        )
+        argv = [
+            str(CACHE / "bin" / "minio"),
+            "server",
+            "--quiet",
+            "--address",
+            f"{HOST}:{CFG.s3_port}",
+            "--console-address",
+            f"{HOST}:{CFG.s3_console_port}",
+            str(data / "data"),
+        ]
     else:
         moto = venv_bin("moto_server")
         if not moto:
@@ -671,9 +764,18 @@ def kafka_properties(data: Path) -> str:
 
 def kafka_java(main: str, *args: str) -> list[str]:
     home = RUN / "kafka"
-    return [java_bin(), "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
-            "-cp", f"{CACHE / 'kafka' / 'libs'}/*", main, *args]  # fmt: skip
+    return [
+        java_bin(),
+        "-Xms128m",
+        "-Xmx512m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        "-cp",
+        f"{CACHE / 'kafka' / 'libs'}/*",
+        main,
+        *args,
+    ]
 
 
 def kafka_start() -> subprocess.Popen[bytes]:
@@ -688,8 +790,11 @@ def kafka_start() -> subprocess.Popen[bytes]:
         log(f"formatting Kafka storage {data} (cluster {cluster_id})")
         shutil.rmtree(data, ignore_errors=True)
         res = subprocess.run(
-            kafka_java("kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)),
-            capture_output=True, text=True,
+            kafka_java(
+                "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)
+            ),
+            capture_output=True,
+            text=True,
         )
         if res.returncode != 0:
             raise StackError(f"Kafka storage format failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
@@ -727,8 +832,15 @@ def rest_start() -> subprocess.Popen[bytes]:
         "CATALOG_REST_PORT": str(CFG.rest_port),
     }
     classpath = f"{CACHE / 'rest-catalog' / 'classes'}:{CACHE / 'rest-catalog' / 'libs'}/*"
-    argv = [java_bin(), "-Xms64m", "-Xmx512m", "-Djava.awt.headless=true", "-cp", classpath,
-            "org.apache.iceberg.rest.LoopbackRESTCatalogServer"]  # fmt: skip
+    argv = [
+        java_bin(),
+        "-Xms64m",
+        "-Xmx512m",
+        "-Djava.awt.headless=true",
+        "-cp",
+        classpath,
+        "org.apache.iceberg.rest.LoopbackRESTCatalogServer",
+    ]
     return spawn(SERVICES["rest"], argv, env=env, cwd=home)
 
 
@@ -747,8 +859,15 @@ def rest_health() -> str:
 
 
 SERVICES: dict[str, Service] = {
-    "postgres": Service("postgres", CFG.pg_port, "postgres", pg_start, pg_health, signal.SIGINT,
-                        after_healthy=pg_create_databases),  # fmt: skip
+    "postgres": Service(
+        "postgres",
+        CFG.pg_port,
+        "postgres",
+        pg_start,
+        pg_health,
+        signal.SIGINT,
+        after_healthy=pg_create_databases,
+    ),
     "s3": Service("s3", CFG.s3_port, "minio", s3_start, s3_health, after_healthy=s3_create_bucket),
     "kafka": Service("kafka", CFG.kafka_port, "kafka.Kafka", kafka_start, kafka_health),
     "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
@@ -841,8 +960,10 @@ def cmd_status(_: argparse.Namespace) -> int:
         pid = svc.pid()
         all_ok &= ok
         label = f"s3 ({s3_server_name_or_unknown()})" if svc.name == "s3" else svc.name
-        print(f"{label:<16} {'healthy' if ok else 'DOWN':<8} pid {pid or '-':<8} {HOST}:{svc.port:<6} "
-              f"log {svc.log}  [{detail}]")  # fmt: skip
+        print(
+            f"{label:<16} {'healthy' if ok else 'DOWN':<8} pid {pid or '-':<8} {HOST}:{svc.port:<6} "
+            f"log {svc.log}  [{detail}]"
+        )
     return 0 if all_ok else 1
 
 
@@ -860,10 +981,8 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
             svc.pidfile.unlink()
         return
     log(f"stopping {svc.name} (pid {pid})")
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, svc.stop_signal)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + timeout
     while group_members(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -871,10 +990,8 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
     if leftovers:
         log(f"{svc.name} did not stop within {timeout:.0f}s: SIGKILL {leftovers}")
         for member in leftovers:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(member, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         while group_members(pid):
             time.sleep(0.1)
     svc.pidfile.unlink(missing_ok=True)
@@ -912,11 +1029,17 @@ def cmd_env(_: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dev/stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="dev/stack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, func in (("install", cmd_install), ("up", cmd_up), ("status", cmd_status),
-                       ("down", cmd_down), ("env", cmd_env)):  # fmt: skip
+    for name, func in (
+        ("install", cmd_install),
+        ("up", cmd_up),
+        ("status", cmd_status),
+        ("down", cmd_down),
+        ("env", cmd_env),
+    ):
         sub.add_parser(name).set_defaults(func=func)
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,42 @@
+# icesink developer entry points. Everything runs against real local servers (dev/stack).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTEST_ARGS ?=
+
+.PHONY: help bootstrap stack-up stack-down stack-status test lint demo
+
+help:
+	@echo "make demo        install what is missing, start the local stack, run the sink demo"
+	@echo "make test        install what is missing, start the local stack, run the test suite"
+	@echo "make lint        ruff + mypy"
+	@echo "make bootstrap   apt packages, .venv, dev stack downloads (idempotent)"
+	@echo "make stack-up / stack-down / stack-status"
+
+bootstrap:
+	scripts/bootstrap
+
+stack-up:
+	dev/stack up
+
+stack-down:
+	dev/stack down
+
+stack-status:
+	dev/stack status
+
+test: bootstrap
+	dev/stack up
+	.venv/bin/pytest -m "not chaos and not bench" $(PYTEST_ARGS)
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	.venv/bin/mypy --strict dev/stack.py
+	.venv/bin/mypy --explicit-package-bases tests/conftest.py tests/readers.py tests/smoke
+
+demo: bootstrap
+	dev/stack up
+	@if [[ -x scripts/demo ]]; then scripts/demo; \
+	else echo; echo "The local stack is up (dev/stack status). The CDC sink demo arrives with the sink itself;"; \
+	     echo "until then, try: eval \"\$$(dev/stack env)\" && .venv/bin/pytest tests/smoke"; fi

@@ -1,0 +1,229 @@
+"""Shared fixtures: the local dev stack (real servers, see dev/stack) and clients for it.
+
+The endpoints come from the environment (the names `dev/stack env` prints); when they are not set the
+output of `dev/stack env` is loaded into os.environ, so code under test sees the same values. A server
+that is not healthy fails the session loudly: these tests are never skipped for a missing stack.
+Sub-folders add their own fixtures in their own conftest.py files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # makes `tests.readers` importable from any test module
+    sys.path.insert(0, str(REPO))
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyspark.sql import SparkSession
+
+STACK_VARS = (
+    "ICESINK_KAFKA_BOOTSTRAP",
+    "ICESINK_PG_DSN",
+    "ICESINK_REST_URI",
+    "ICESINK_S3_ENDPOINT",
+    "ICESINK_WAREHOUSE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_REGION",
+    "ICESINK_SPARK_JARS",
+    "ICESINK_S3_SERVER",
+)
+
+
+@dataclass(frozen=True)
+class Stack:
+    kafka_bootstrap: str
+    pg_dsn: str
+    rest_uri: str
+    s3_endpoint: str
+    warehouse: str
+    access_key: str
+    secret_key: str
+    region: str
+    spark_jars: tuple[str, ...]
+    s3_server: str
+
+    def pyiceberg_properties(self) -> dict[str, str]:
+        """Properties of a pyiceberg RestCatalog on this stack (S3 path-style is pyiceberg's default
+        with an explicit endpoint; s3.force-virtual-addressing stays false)."""
+        return {
+            "type": "rest",
+            "uri": self.rest_uri,
+            "s3.endpoint": self.s3_endpoint,
+            "s3.access-key-id": self.access_key,
+            "s3.secret-access-key": self.secret_key,
+            "s3.region": self.region,
+            "s3.force-virtual-addressing": "false",
+        }
+
+
+def load_stack_env() -> dict[str, str]:
+    """The stack's variables; missing ones are taken from `dev/stack env` and exported into os.environ."""
+    if any(not os.environ.get(name) for name in STACK_VARS):
+        res = subprocess.run([str(REPO / "dev" / "stack"), "env"], capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            pytest.fail(f"`dev/stack env` failed ({res.returncode}):\n{res.stderr}", pytrace=False)
+        for line in res.stdout.splitlines():
+            match = re.fullmatch(r"export ([A-Z0-9_]+)=(.*)", line.strip())
+            if match:
+                os.environ.setdefault(match[1], shlex.split(match[2])[0] if match[2] else "")
+    missing = [name for name in STACK_VARS if not os.environ.get(name)]
+    if missing:
+        pytest.fail(f"stack variables not set: {', '.join(missing)} (run `dev/stack install`)", pytrace=False)
+    return {name: os.environ[name] for name in STACK_VARS}
+
+
+def _check_health(stack: Stack) -> list[str]:
+    problems = []
+    host, _, port = stack.kafka_bootstrap.rpartition(":")
+    try:
+        from confluent_kafka.admin import AdminClient
+
+        socket.create_connection((host, int(port)), timeout=3).close()
+        AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=10)
+    except Exception as exc:
+        problems.append(f"Kafka at {stack.kafka_bootstrap}: {exc}")
+    try:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(stack.pg_dsn)
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        engine.dispose()
+    except Exception as exc:
+        problems.append(f"Postgres at {stack.pg_dsn}: {exc}")
+    try:
+        with urllib.request.urlopen(f"{stack.rest_uri}/v1/config", timeout=5) as resp:
+            resp.read()
+    except Exception as exc:
+        problems.append(f"REST catalog at {stack.rest_uri}: {exc}")
+    try:
+        import boto3
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=stack.s3_endpoint,
+            aws_access_key_id=stack.access_key,
+            aws_secret_access_key=stack.secret_key,
+            region_name=stack.region,
+        )
+        s3.head_bucket(Bucket=stack.warehouse.removeprefix("s3://").strip("/").split("/")[0])
+    except Exception as exc:
+        problems.append(f"S3 ({stack.s3_server}) at {stack.s3_endpoint}: {exc}")
+    return problems
+
+
+@pytest.fixture(scope="session")
+def stack() -> Stack:
+    env = load_stack_env()
+    # Local servers only: never send loopback requests through a proxy from the environment.
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    result = Stack(
+        kafka_bootstrap=env["ICESINK_KAFKA_BOOTSTRAP"],
+        pg_dsn=env["ICESINK_PG_DSN"],
+        rest_uri=env["ICESINK_REST_URI"].rstrip("/"),
+        s3_endpoint=env["ICESINK_S3_ENDPOINT"],
+        warehouse=env["ICESINK_WAREHOUSE"],
+        access_key=env["AWS_ACCESS_KEY_ID"],
+        secret_key=env["AWS_SECRET_ACCESS_KEY"],
+        region=env["AWS_REGION"],
+        spark_jars=tuple(j for j in env["ICESINK_SPARK_JARS"].split(",") if j),
+        s3_server=env["ICESINK_S3_SERVER"],
+    )
+    problems = _check_health(result)
+    if problems:
+        pytest.fail(
+            "the dev stack is not healthy (start it with `dev/stack up`; logs in .cache/run/logs):\n  "
+            + "\n  ".join(problems),
+            pytrace=False,
+        )
+    return result
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(stack: Stack) -> str:
+    return stack.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(stack: Stack) -> str:
+    return stack.pg_dsn
+
+
+@pytest.fixture(scope="session")
+def rest_catalog(stack: Stack) -> RestCatalog:
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.catalog.rest import RestCatalog
+
+    catalog = load_catalog("rest", **stack.pyiceberg_properties())
+    assert isinstance(catalog, RestCatalog)
+    return catalog
+
+
+def spark_conf(stack: Stack, catalog: str = "rest") -> dict[str, str]:
+    """Spark settings for an Iceberg catalog named `catalog` on the stack's REST catalog and S3."""
+    prefix = f"spark.sql.catalog.{catalog}"
+    return {
+        "spark.jars": ",".join(stack.spark_jars),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "rest",
+        f"{prefix}.uri": stack.rest_uri,
+        f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        f"{prefix}.s3.endpoint": stack.s3_endpoint,
+        f"{prefix}.s3.path-style-access": "true",
+        f"{prefix}.s3.access-key-id": stack.access_key,
+        f"{prefix}.s3.secret-access-key": stack.secret_key,
+        f"{prefix}.client.region": stack.region,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "2",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "2g",
+    }
+
+
+@pytest.fixture(scope="session")
+def spark(stack: Stack) -> Iterator[SparkSession]:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master("local[2]").appName("icesink-tests")
+    for key, value in spark_conf(stack).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """`unique_name("orders")` -> "orders_<test>_<random>": a lowercase identifier safe as an Iceberg
+    namespace/table or a Kafka topic, different in every call and every test run."""
+
+    test = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:30]
+
+    def make(prefix: str) -> str:
+        return f"{prefix}_{test}_{uuid.uuid4().hex[:8]}"
+
+    return make

@@ -1,0 +1,114 @@
+"""Reference readers: what an Iceberg table holds, as seen by two independent engines.
+
+* :func:`spark_rows` reads through Spark with the Iceberg runtime (the `spark` fixture's catalog `rest`).
+* :func:`duckdb_rows` reads through DuckDB 1.5.5's iceberg extension, loaded offline from the files of
+  the PyPI packages ``duckdb-extension-iceberg/-avro/-httpfs`` (autoinstall/autoload off), attached to
+  the REST catalog with an S3 secret for the local endpoint.
+
+Both honour position and equality deletes, so they give a table's live rows, now or at a snapshot.
+Rows come back as ``list[dict]`` in no particular order; sort them before comparing. Endpoints are read
+from the environment (the variables of ``dev/stack env``; tests/conftest.py loads them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import duckdb
+    from pyspark.sql import SparkSession
+
+DUCKDB_EXTENSIONS = ("httpfs", "avro", "iceberg")
+
+
+def _parts(identifier: str | tuple[str, ...]) -> list[str]:
+    parts = list(identifier) if isinstance(identifier, tuple) else identifier.split(".")
+    if len(parts) < 2:
+        raise ValueError(f"expected <namespace>.<table>, got {identifier!r}")
+    return parts
+
+
+def _quote(parts: list[str], q: str) -> str:
+    return ".".join(q + p.replace(q, q + q) + q for p in parts)
+
+
+def spark_rows(
+    spark: SparkSession,
+    identifier: str | tuple[str, ...],
+    snapshot_id: int | None = None,
+    catalog: str = "rest",
+) -> list[dict[str, Any]]:
+    """Rows of `<namespace>.<table>` in Spark's Iceberg catalog `catalog`, at `snapshot_id` if given."""
+    sql = f"SELECT * FROM {_quote([catalog, *_parts(identifier)], '`')}"
+    if snapshot_id is not None:
+        sql += f" VERSION AS OF {int(snapshot_id)}"
+    return [row.asDict(recursive=True) for row in spark.sql(sql).collect()]
+
+
+def duckdb_extension_path(name: str) -> Path:
+    """The .duckdb_extension file shipped by the PyPI package `duckdb-extension-<name>`."""
+    import importlib
+
+    import duckdb
+
+    package = importlib.import_module(f"duckdb_extension_{name}")
+    root = Path(package.__file__ or "").parent
+    version = f"v{duckdb.__version__}"
+    found = sorted(root.rglob(f"{name}.duckdb_extension"))
+    matching = [p for p in found if version in p.parts] or found
+    if not matching:
+        raise FileNotFoundError(f"no {name}.duckdb_extension under {root}")
+    return matching[0]
+
+
+def duckdb_connect(env: Mapping[str, str] | None = None, catalog: str = "cat") -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the extensions loaded from their package files (never downloaded),
+    an S3 secret for the local endpoint, and the REST catalog attached as `catalog`."""
+    import duckdb
+
+    env = os.environ if env is None else env
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    )
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    for name in DUCKDB_EXTENSIONS:
+        con.execute(f"LOAD '{duckdb_extension_path(name)}'")
+    endpoint = env["ICESINK_S3_ENDPOINT"]
+    con.execute(
+        """CREATE SECRET icesink_s3 (TYPE s3, KEY_ID $key, SECRET $secret, REGION $region,
+           ENDPOINT $endpoint, URL_STYLE 'path', USE_SSL $ssl)""",
+        {
+            "key": env["AWS_ACCESS_KEY_ID"],
+            "secret": env["AWS_SECRET_ACCESS_KEY"],
+            "region": env.get("AWS_REGION", "us-east-1"),
+            "endpoint": endpoint.split("://", 1)[-1].rstrip("/"),
+            "ssl": endpoint.startswith("https://"),
+        },
+    )
+    rest_uri = env["ICESINK_REST_URI"].rstrip("/")
+    con.execute(
+        f"ATTACH 'warehouse' AS {catalog} (TYPE iceberg, ENDPOINT '{rest_uri}', AUTHORIZATION_TYPE 'none')"
+    )
+    return con
+
+
+def duckdb_rows(
+    identifier: str | tuple[str, ...],
+    snapshot_id: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of `<namespace>.<table>` through DuckDB's iceberg extension, at `snapshot_id` if given."""
+    con = duckdb_connect(env)
+    try:
+        sql = f"SELECT * FROM {_quote(['cat', *_parts(identifier)], chr(34))}"
+        if snapshot_id is not None:
+            sql += f" AT (VERSION => {int(snapshot_id)})"
+        cursor = con.execute(sql)
+        columns = [d[0] for d in cursor.description or []]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    finally:
+        con.close()
