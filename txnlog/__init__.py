@@ -6,6 +6,7 @@ Knows nothing of Spark, Kafka or Iceberg. See docs/txnlog.md.
 from .errors import (
     Fenced,
     InvalidPhase,
+    LockLost,
     LockTimeout,
     SchemaVersionError,
     SinkNotFound,
@@ -26,6 +27,7 @@ __all__ = [
     "HistoryEntry",
     "InvalidPhase",
     "Lease",
+    "LockLost",
     "LockTimeout",
     "Phase",
     "RetryPolicy",

@@ -6,6 +6,7 @@ The split that matters to a caller is *what to do next*:
 * :class:`Fenced` — another replica claimed the sink; stop, never retry the write.
 * :class:`LockTimeout` — the row stayed locked (a writer is inside ``committing``) longer than
   ``lock_timeout``; safe to retry later (``retryable`` is true).
+* :class:`LockLost` — inside ``committing``, the locked session died; stop and resume by recovery.
 * :class:`Unavailable` — transient database errors outlasted the retry policy; safe to retry later.
 * :class:`InvalidPhase` — the call does not fit the row's phase (a caller bug or a stale plan).
 * :class:`SchemaVersionError` — the database schema is newer than this code understands.
@@ -60,6 +61,25 @@ class LockTimeout(TxnLogError):
 
     def __reduce__(self) -> tuple[type[LockTimeout], tuple[str, str, float]]:
         return (type(self), (self.sink_id, self.operation, self.lock_timeout_s))
+
+
+class LockLost(TxnLogError):
+    """The session holding the row lock inside ``committing`` is gone (timeout, restart, network).
+
+    Raised by :meth:`CommitHandle.heartbeat`. Nothing was flipped: the plan stays ``precommit``, and
+    another replica may claim the sink now, so the caller should stop before (another) Iceberg commit
+    attempt and resume through recovery.
+    """
+
+    retryable = True
+
+    def __init__(self, sink_id: str, detail: str) -> None:
+        self.sink_id = sink_id
+        self.detail = detail
+        super().__init__(f"sink {sink_id!r}: lost the row lock held for the commit: {detail}")
+
+    def __reduce__(self) -> tuple[type[LockLost], tuple[str, str]]:
+        return (type(self), (self.sink_id, self.detail))
 
 
 class InvalidPhase(TxnLogError):

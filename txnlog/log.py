@@ -24,7 +24,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
 from .dsn import masked, parse_dsn, scrub
-from .errors import LockTimeout, TxnLogError, Unavailable
+from .errors import LockLost, LockTimeout, TxnLogError, Unavailable
 from .model import Action, HistoryEntry, JSONDict, Lease, Phase, SinkState
 from .retry import RetryPolicy, driver_error, is_lock_timeout, is_transient, run_with_retry
 from .schema import ensure_schema, tables
@@ -68,6 +68,18 @@ class CommitHandle:
     lease: Lease
     state: SinkState
     committed: SinkState | None = field(default=None)
+    _beat: Callable[[], None] | None = field(default=None, repr=False)
+
+    def heartbeat(self) -> None:
+        """Check that the row lock is still held, and restart the idle-in-transaction clock.
+
+        Call it before each Iceberg commit attempt of a retry loop: a loop that heartbeats may run
+        longer than ``idle_in_transaction_timeout`` in total, while a hung process is still reaped.
+        Raises :class:`LockLost` if the locked session is gone (the lock may already be someone
+        else's: do not attempt another Iceberg commit).
+        """
+        if self._beat is not None:
+            self._beat()
 
     @property
     def payload(self) -> JSONDict:
@@ -488,7 +500,14 @@ class TransactionLog:
                 raise
 
         conn, state, change = self._retrying("committing", sink_id, acquire)
-        handle = CommitHandle(lease=lease, state=state)
+
+        def beat() -> None:
+            try:
+                conn.execute(text("SELECT 1"))
+            except Exception as exc:
+                raise LockLost(sink_id, self._describe(exc)) from exc
+
+        handle = CommitHandle(lease=lease, state=state, _beat=beat)
         try:
             yield handle
         except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from txnlog import (
     Action,
     Fenced,
     InvalidPhase,
+    LockLost,
     LockTimeout,
     Phase,
     SinkNotFound,
@@ -313,14 +315,18 @@ def test_lost_commit_ack_then_fenced_still_reports_success(make_log: MakeLog, si
         log.precommit(lease, {"n": 2})
 
 
-def test_locked_session_lost_during_committing_falls_back(make_log: MakeLog, sink_id: str) -> None:
+def test_locked_session_lost_during_committing_falls_back(
+    make_log: MakeLog, sink_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """The writer's session is reaped by idle_in_transaction_timeout while it commits to Iceberg."""
+    caplog.set_level(logging.WARNING, logger="txnlog")
     log = make_log(idle_in_transaction_timeout=timedelta(milliseconds=300))
     lease = log.claim(sink_id, "pod-a")
     log.precommit(lease, {"n": 1})
     with log.committing(lease) as handle:
         time.sleep(1.0)  # a slow Iceberg commit: the server ends the session meanwhile
     assert handle.committed is not None and handle.committed.phase is Phase.COMMITTED
+    assert "lost the locked session" in caplog.text
 
     # Same, but another replica claimed in the gap: the writer learns it is fenced.
     log.precommit(lease, {"n": 2})
@@ -330,3 +336,35 @@ def test_locked_session_lost_during_committing_falls_back(make_log: MakeLog, sin
         rival.claim(sink_id, "pod-b")
     s = rival.state(sink_id)
     assert s is not None and (s.phase, s.pending, s.epoch) == (Phase.PRECOMMIT, {"n": 2}, 2)
+
+
+def test_heartbeat_keeps_a_long_commit_locked(
+    make_log: MakeLog, sink_id: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retry loop that heartbeats may outlast idle_in_transaction_timeout and still hold the lock."""
+    caplog.set_level(logging.WARNING, logger="txnlog")
+    log = make_log(idle_in_transaction_timeout=timedelta(milliseconds=400))
+    claimer = make_log(lock_timeout=timedelta(milliseconds=200))
+    lease = log.claim(sink_id, "pod-a")
+    log.precommit(lease, {"n": 1})
+    with log.committing(lease) as handle:
+        for _ in range(5):  # 5 x 0.25 s: three times the idle timeout in total
+            time.sleep(0.25)
+            handle.heartbeat()
+        with pytest.raises(LockTimeout):
+            claimer.claim(sink_id, "pod-b")
+    assert handle.committed is not None and handle.committed.epoch == 1
+    assert "lost the locked session" not in caplog.text, "the flip must use the locked session"
+
+
+def test_heartbeat_reports_a_lost_lock(make_log: MakeLog, sink_id: str) -> None:
+    log = make_log(idle_in_transaction_timeout=timedelta(milliseconds=300))
+    lease = log.claim(sink_id, "pod-a")
+    log.precommit(lease, {"n": 1})
+    with pytest.raises(LockLost, match="lost the row lock") as info, log.committing(lease) as handle:
+        time.sleep(1.0)
+        handle.heartbeat()
+        pytest.fail("heartbeat must raise")
+    assert info.value.retryable
+    s = log.state(sink_id)
+    assert s is not None and s.phase is Phase.PRECOMMIT and s.pending == {"n": 1}
