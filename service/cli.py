@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable
 
@@ -28,8 +29,11 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     health = Health()
     if config.health.port is not None:
         health.serve(config.health.host, config.health.port)
+    job = SinkJob(config, health)
+    signal.signal(signal.SIGTERM, lambda *_: job.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: job.request_stop())
     try:
-        SinkJob(config, health).run(until_caught_up=args.until_caught_up)
+        job.run(until_caught_up=args.until_caught_up)
     except SinkFenced as exc:
         logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
         return EXIT_FENCED

@@ -13,6 +13,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +42,10 @@ logger = logging.getLogger(__name__)
 JARS_ENV = "ICESINK_SPARK_JARS"
 
 
+class StopRequested(RuntimeError):
+    """A batch that began after a stop request is not processed (its offsets stay uncommitted)."""
+
+
 class SinkFenced(RuntimeError):
     """A newer replica took over; this one must stop without writing anything more."""
 
@@ -55,9 +60,16 @@ def build_spark(config: SinkConfig) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(config.write.parallelism))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
+    if config.spark.master.startswith("local"):
+        # A local-mode driver needs no address reachable from elsewhere.
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
     for key, value in config.spark.conf.items():
@@ -103,6 +115,12 @@ class SinkJob:
         self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
         self.catalog = open_catalog(config)
         self.fatal: BaseException | None = None
+        self._batch_lock = threading.Lock()
+        self._stop_requested = threading.Event()
+
+    def request_stop(self) -> None:
+        """Stop after the batch in flight (if any) is committed: SIGTERM's graceful path."""
+        self._stop_requested.set()
 
     # -- start-up ----------------------------------------------------------------------------------
 
@@ -160,20 +178,32 @@ class SinkJob:
         self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
         logger.info("consuming %s from %s", self.config.kafka.topics, start)
         try:
+            while query.isActive and not self._stop_requested.is_set():
+                query.awaitTermination(1)
+            if query.isActive:
+                logger.info("stop requested: finishing the batch in flight, then stopping")
+                with self._batch_lock:
+                    query.stop()
             query.awaitTermination()
         except Exception:
+            if isinstance(self.fatal, StopRequested):
+                return
             if self.fatal is not None:
                 raise self.fatal from None
             raise
         finally:
             self.health.set_not_ready("stopped")
             shutil.rmtree(checkpoint, ignore_errors=True)
-        if self.fatal is not None:
+        if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
 
     def _on_batch(self, records: DataFrame, batch_id: int) -> None:
+        if self._stop_requested.is_set():
+            self.fatal = StopRequested("stop requested before the batch started")
+            raise self.fatal
         try:
-            self.process_batch(records)
+            with self._batch_lock:
+                self.process_batch(records)
         except Fenced as exc:
             self.metrics.fenced.add(1, self.metrics.attrs())
             self.fatal = SinkFenced(str(exc))

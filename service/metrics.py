@@ -1,9 +1,18 @@
-"""OpenTelemetry metrics of the sink; exported by Prometheus scrape and/or OTLP (see docs/metrics.md)."""
+"""OpenTelemetry metrics of the sink; exported by Prometheus scrape and/or OTLP (see docs/metrics.md).
+
+Names and units follow the OpenTelemetry semantic conventions: dotted names under the ``icesink.``
+namespace, UCUM units (``s``, ``By``, ``{record}``), no unit in the name (exporters add it: the
+Prometheus name of ``icesink.commit.duration`` is ``icesink_commit_duration_seconds``), counts of things
+plural, ``error.type`` and ``messaging.destination.*`` where a convention exists. Every metric carries
+``icesink.sink_id`` and ``icesink.table``. docs/metrics.md lists every metric; keep the two in step.
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -13,7 +22,28 @@ from opentelemetry.sdk.resources import Resource
 
 from service.config import MetricsConfig
 
-_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# Short attribute keys accepted by SinkMetrics.attrs() and the names they are exported under.
+ATTRIBUTE_NAMES = {
+    "op": "icesink.op",  # Debezium op code of a change record: c, u, d, r
+    "content": "icesink.file.content",  # Iceberg file content: data, delete
+}
+
+# Every instrument: name -> (kind, unit). tests/ops checks the docs and the exporters against it.
+INSTRUMENTS: dict[str, tuple[str, str]] = {
+    "icesink.iceberg.written": ("counter", "By"),
+    "icesink.iceberg.files": ("counter", "{file}"),
+    "icesink.write.duration": ("histogram", "s"),
+    "icesink.commit.duration": ("histogram", "s"),
+    "icesink.commits": ("counter", "{commit}"),
+    "icesink.commit.failures": ("counter", "{failure}"),
+    "icesink.fenced": ("counter", "{event}"),
+    "icesink.records": ("counter", "{record}"),
+    "icesink.dead_letters": ("counter", "{record}"),
+    "icesink.kafka.lag": ("gauge", "{record}"),
+    "icesink.freshness": ("gauge", "s"),
+}
 
 
 class SinkMetrics:
@@ -23,14 +53,16 @@ class SinkMetrics:
         self._attrs = {"icesink.sink_id": sink_id, "icesink.table": table}
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
-        self._freshness_s: float | None = None
+        self._newest_committed: float | None = None  # epoch seconds of the newest committed change
         self.written_bytes = meter.create_counter(
             "icesink.iceberg.written",
             unit="By",
-            description="Bytes of Parquet files written (data and delete files)",
+            description="Bytes of Parquet files written and committed, by icesink.file.content (data, delete)",
         )
         self.written_files = meter.create_counter(
-            "icesink.iceberg.files", unit="{file}", description="Parquet files written, by content"
+            "icesink.iceberg.files",
+            unit="{file}",
+            description="Parquet files written and committed, by icesink.file.content (data, delete)",
         )
         self.write_duration = meter.create_histogram(
             "icesink.write.duration",
@@ -41,25 +73,31 @@ class SinkMetrics:
         self.commit_duration = meter.create_histogram(
             "icesink.commit.duration",
             unit="s",
-            description="Time from precommit to the txnlog commit",
+            description="Time from precommit to the txnlog commit of one batch",
             explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
         )
         self.commits = meter.create_counter(
-            "icesink.commits", unit="{commit}", description="Commits that succeeded"
+            "icesink.commits", unit="{commit}", description="Batches committed (txnlog and Iceberg)"
         )
         self.commit_failures = meter.create_counter(
-            "icesink.commit.failures", unit="{failure}", description="Failed commit attempts, by error.type"
+            "icesink.commit.failures",
+            unit="{failure}",
+            description="Failed Iceberg commit attempts, by error.type (conflict, unknown_outcome)",
         )
         self.fenced = meter.create_counter(
             "icesink.fenced",
             unit="{event}",
-            description="Times this replica found itself fenced by a newer epoch",
+            description="Times this replica found itself fenced by a newer epoch (it stops)",
         )
         self.records = meter.create_counter(
-            "icesink.records", unit="{record}", description="Change records, by op"
+            "icesink.records",
+            unit="{record}",
+            description="Change records committed, by icesink.op (c, u, d, r); dead letters excluded",
         )
         self.dead_letters = meter.create_counter(
-            "icesink.dead_letters", unit="{record}", description="Records sent to the dead-letter topic"
+            "icesink.dead_letters",
+            unit="{record}",
+            description="Records sent to the dead-letter topic (undecodable or schema-violating)",
         )
         meter.create_observable_gauge(
             "icesink.kafka.lag",
@@ -71,31 +109,40 @@ class SinkMetrics:
             "icesink.freshness",
             callbacks=[self._observe_freshness],
             unit="s",
-            description="Age of the newest committed source change at its commit",
+            description="Age of the newest committed source change (its Kafka timestamp), now",
         )
 
     def attrs(self, **extra: str) -> dict[str, str]:
-        return {**self._attrs, **extra}
+        """The sink's attributes plus ``extra``; short keys (``op``, ``content``) get their full names."""
+        return {**self._attrs, **{ATTRIBUTE_NAMES.get(k, k): v for k, v in extra.items()}}
 
     def commit_failed(self, error_type: str) -> None:
         self.commit_failures.add(1, self.attrs(**{"error.type": error_type}))
 
     def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
+        """Records past the committed offset, per (topic, partition); see service.lag."""
         with self._lock:
             self._lag = dict(lag)
 
-    def set_freshness(self, seconds: float) -> None:
+    def set_newest_committed(self, epoch_seconds: float) -> None:
+        """The timestamp of the newest change committed so far; freshness is its age when observed."""
         with self._lock:
-            self._freshness_s = seconds
+            if self._newest_committed is None or epoch_seconds > self._newest_committed:
+                self._newest_committed = epoch_seconds
+
+    def set_freshness(self, seconds: float) -> None:
+        """The newest committed change is ``seconds`` old now (same as set_newest_committed(now - s))."""
+        self.set_newest_committed(time.time() - seconds)
 
     def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
-            items = list(self._lag.items())
+            items = sorted(self._lag.items())
         for (topic, partition), lag in items:
             yield Observation(
                 lag,
                 self.attrs(
                     **{
+                        "messaging.system": "kafka",
                         "messaging.destination.name": topic,
                         "messaging.destination.partition.id": str(partition),
                     }
@@ -104,13 +151,34 @@ class SinkMetrics:
 
     def _observe_freshness(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
-            value = self._freshness_s
-        if value is not None:
-            yield Observation(value, self.attrs())
+            newest = self._newest_committed
+        if newest is not None:
+            yield Observation(max(0.0, time.time() - newest), self.attrs())
+
+
+def otlp_metrics_url(endpoint: str) -> str:
+    """``http://collector:4318`` -> ``http://collector:4318/v1/metrics``; a URL with a path is kept."""
+    parts = urlsplit(endpoint)
+    if parts.path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/metrics"
+    return endpoint
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("icesink")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def setup_metrics(config: MetricsConfig, sink_id: str, table: str) -> SinkMetrics:
-    """Install a MeterProvider with the configured exporters and return the sink's instruments."""
+    """Install a MeterProvider with the configured exporters and return the sink's instruments.
+
+    The provider is shut down at interpreter exit, which pushes a last OTLP export (so a replica that
+    stops because it was fenced still reports it).
+    """
     readers: list[MetricReader] = []
     if config.prometheus_port is not None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -123,15 +191,17 @@ def setup_metrics(config: MetricsConfig, sink_id: str, table: str) -> SinkMetric
 
         readers.append(
             PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=config.otlp_endpoint),
+                OTLPMetricExporter(endpoint=otlp_metrics_url(config.otlp_endpoint)),
                 export_interval_millis=int(config.export_interval.total_seconds() * 1000),
             )
         )
     provider = MeterProvider(
         metric_readers=readers,
-        resource=Resource.create({"service.name": "icesink", "icesink.sink_id": sink_id}),
+        resource=Resource.create(
+            {"service.name": "icesink", "service.version": _version(), "icesink.sink_id": sink_id}
+        ),
     )
-    return SinkMetrics(provider.get_meter("icesink"), sink_id, table)
+    return SinkMetrics(provider.get_meter("icesink", _version()), sink_id, table)
 
 
 def noop_metrics(sink_id: str = "", table: str = "") -> SinkMetrics:

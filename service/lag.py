@@ -1,0 +1,131 @@
+"""Kafka lag behind the committed offsets, fed into the ``icesink.kafka.lag`` gauge.
+
+A daemon thread asks the brokers for each partition's watermarks every ``metrics.export_interval``
+(clamped to 1..60 s) and compares the high watermark with the offsets the sink has committed (the
+job's ``offsets``: the next offset to read, per topic and partition, as held by the txnlog). A
+partition with no committed offset yet counts everything still retained (high - low watermark) when
+the sink starts from the earliest offsets, and 0 when it starts from the latest.
+
+The job starts it once it is consuming::
+
+    start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from service.config import SinkConfig
+from service.metrics import SinkMetrics
+
+logger = logging.getLogger(__name__)
+
+Offsets = Mapping[str, Mapping[int, int]]
+Watermarks = dict[tuple[str, int], tuple[int, int]]
+
+
+def compute_lag(
+    watermarks: Watermarks, committed: Offsets, from_earliest: bool = True
+) -> dict[tuple[str, int], int]:
+    """Records per partition between the committed offset and the high watermark (never negative)."""
+    lag: dict[tuple[str, int], int] = {}
+    for (topic, partition), (low, high) in watermarks.items():
+        done = committed.get(topic, {}).get(partition)
+        if done is None:
+            done = low if from_earliest else high
+        lag[(topic, partition)] = max(0, high - max(done, low))
+    return lag
+
+
+class LagMonitor:
+    def __init__(
+        self,
+        config: SinkConfig,
+        partitions: Mapping[str, list[int]],
+        committed: Callable[[], Offsets],
+        metrics: SinkMetrics,
+        interval_s: float | None = None,
+    ) -> None:
+        self.config = config
+        self.partitions = {t: list(ps) for t, ps in partitions.items()}
+        self.committed = committed
+        self.metrics = metrics
+        if interval_s is None:
+            interval_s = min(60.0, max(1.0, config.metrics.export_interval.total_seconds()))
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._failing = False
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            from service.source import client_config
+
+            self._consumer = Consumer(
+                client_config(
+                    self.config.kafka,
+                    **{"group.id": f"icesink-lag-{uuid.uuid4()}", "enable.auto.commit": False},
+                )
+            )
+        return self._consumer
+
+    def watermarks(self, timeout_s: float = 10.0) -> Watermarks:
+        from confluent_kafka import TopicPartition
+
+        consumer = self._client()
+        out: Watermarks = {}
+        for topic, parts in self.partitions.items():
+            for p in parts:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+                out[(topic, p)] = (int(low), int(high))
+        return out
+
+    def poll_once(self) -> dict[tuple[str, int], int]:
+        """Measure and publish the lag once; returns it."""
+        marks = self.watermarks()
+        lag = compute_lag(marks, self.committed(), self.config.kafka.starting_offsets == "earliest")
+        self.metrics.set_lag(lag)
+        return lag
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+                if self._failing:
+                    logger.info("Kafka lag measurement works again")
+                self._failing = False
+            except Exception as exc:  # Kafka down: say it once per outage, keep the last values
+                if not self._failing:
+                    logger.warning("cannot measure Kafka lag (%s: %s); will retry", type(exc).__name__, exc)
+                self._failing = True
+            self._stop.wait(self.interval_s)
+        if self._consumer is not None:
+            self._consumer.close()
+
+    def start(self) -> LagMonitor:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="icesink-lag", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def start_lag_monitor(
+    config: SinkConfig,
+    partitions: Mapping[str, list[int]],
+    committed: Callable[[], Offsets],
+    metrics: SinkMetrics,
+) -> LagMonitor:
+    """Start measuring lag in the background; the thread is a daemon, ``stop()`` ends it early."""
+    return LagMonitor(config, partitions, committed, metrics).start()

@@ -1,0 +1,185 @@
+"""Fixtures for end-to-end sink tests: a sink configuration per test and a way to run `icesink`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from service.sample import Change, SampleSource, ensure_topic, produce
+
+REPO = Path(__file__).resolve().parents[2]
+ICESINK = [sys.executable, "-m", "service.cli"]
+
+
+@dataclass
+class SinkRun:
+    """A sink process started by a test."""
+
+    process: subprocess.Popen[str]
+    log_path: Path
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"icesink did not finish within {timeout}s; log:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, sig)
+
+    def wait_for_log(self, needle: str, timeout: float = 120, count: int = 1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log().count(needle) >= count:
+                return
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"icesink exited ({self.process.returncode}) before logging {needle!r}:\n{self.log()[-4000:]}"
+                )
+            time.sleep(0.25)
+        pytest.fail(
+            f"icesink did not log {needle!r} {count} time(s) within {timeout}s:\n{self.log()[-4000:]}"
+        )
+
+
+@dataclass
+class Sink:
+    """One test's sink: its config file, topic, table and a model source."""
+
+    name: str
+    config: dict[str, Any]
+    path: Path
+    bootstrap: str
+    source: SampleSource
+    history: list[Change] = field(default_factory=list)
+    runs: list[SinkRun] = field(default_factory=list)
+
+    @property
+    def topic(self) -> str:
+        return str(self.config["kafka"]["topics"][0])
+
+    @property
+    def table(self) -> str:
+        return str(self.config["table"]["identifier"])
+
+    def save(self) -> None:
+        self.path.write_text(yaml.safe_dump(self.config))
+
+    def produce(self, n: int, mix: tuple[float, float, float] = (0.25, 0.60, 0.15)) -> list[Change]:
+        changes = [self.source.next_change(mix) for _ in range(n)]
+        produce(self.bootstrap, self.topic, changes)
+        self.history.extend(changes)
+        return changes
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> SinkRun:
+        self.save()
+        log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
+        log = log_path.open("w")
+        process = subprocess.Popen(
+            [*ICESINK, "run", "--config", str(self.path), *args],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        run = SinkRun(process, log_path)
+        self.runs.append(run)
+        return run
+
+    def run_until_caught_up(self, timeout: float = 300, env: dict[str, str] | None = None) -> SinkRun:
+        run = self.start("--until-caught-up", env=env)
+        code = run.wait(timeout)
+        assert code == 0, f"icesink run --until-caught-up exited {code}:\n{run.log()[-6000:]}"
+        return run
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        self.save()
+        return subprocess.run(
+            [*ICESINK, *args, "--config", str(self.path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+
+@pytest.fixture
+def make_sink(stack: Any, unique_name: Callable[[str], str], tmp_path: Path) -> Iterator[Callable[..., Sink]]:
+    sinks: list[Sink] = []
+
+    def make(
+        mode: str = "upsert",
+        partition_by: list[str] | None = None,
+        catalog: dict[str, str] | None = None,
+        with_schema: bool = True,
+        columns: list[dict[str, Any]] | None = None,
+        keys: int = 300,
+        seed: int = 11,
+        partitions: int = 3,
+        **overrides: Any,
+    ) -> Sink:
+        name = unique_name("sink")
+        topic = unique_name("cdc")
+        ensure_topic(stack.kafka_bootstrap, topic, partitions)
+        config: dict[str, Any] = {
+            "sink_id": name,
+            "kafka": {"bootstrap_servers": stack.kafka_bootstrap, "topics": [topic]},
+            "table": {
+                "identifier": f"{unique_name('ns')}.customers",
+                "key": ["id"],
+                "mode": mode,
+                "partition_by": partition_by or [],
+                **({"columns": columns} if columns else {}),
+            },
+            "catalog": catalog
+            or {
+                "name": "rest",
+                "type": "rest",
+                "uri": stack.rest_uri,
+                "s3.endpoint": stack.s3_endpoint,
+                "s3.access-key-id": "${AWS_ACCESS_KEY_ID}",
+                "s3.secret-access-key": "${AWS_SECRET_ACCESS_KEY}",
+                "s3.region": stack.region,
+            },
+            "txnlog": {"dsn": "${ICESINK_PG_DSN}"},
+            "commit": {"trigger_interval": "1s"},
+            "write": {"parallelism": 2},
+            "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g"}},
+        }
+        for section, values in overrides.items():
+            if isinstance(values, dict):
+                config.setdefault(section, {}).update(values)
+            else:
+                config[section] = values
+        sink = Sink(
+            name=name,
+            config=config,
+            path=tmp_path / f"{name}.yaml",
+            bootstrap=stack.kafka_bootstrap,
+            source=SampleSource(keys=keys, seed=seed, with_schema=with_schema),
+        )
+        sinks.append(sink)
+        return sink
+
+    yield make
+    for sink in sinks:
+        for run in sink.runs:
+            run.kill()

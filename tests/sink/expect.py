@@ -1,0 +1,67 @@
+"""What a reader must see, checked through both reference readers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyspark.sql import SparkSession
+
+from service.sample import Change
+from tests.readers import duckdb_rows, spark_rows
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, str(v)) for k, v in row.items()))
+
+
+def diff(expected: list[dict[str, Any]], actual: list[dict[str, Any]], reader: str) -> str:
+    want, got = Counter(map(_key, expected)), Counter(map(_key, actual))
+    missing, extra = want - got, got - want
+    if not missing and not extra:
+        return ""
+    return (
+        f"{reader}: {sum(missing.values())} row(s) missing, {sum(extra.values())} unexpected "
+        f"(of {len(expected)} expected, {len(actual)} read)\n"
+        f"  missing e.g. {list(missing)[:2]}\n  unexpected e.g. {list(extra)[:2]}"
+    )
+
+
+def assert_rows(spark: SparkSession, table: str, expected: list[dict[str, Any]]) -> None:
+    """The table read by Spark (Iceberg runtime) and by DuckDB equals ``expected`` exactly."""
+    problems = [
+        diff(expected, spark_rows(spark, table), "spark"),
+        diff(expected, duckdb_rows(table), "duckdb"),
+    ]
+    problems = [p for p in problems if p]
+    assert not problems, "\n".join(problems)
+
+
+def appended_rows(history: list[Change]) -> list[dict[str, Any]]:
+    """Append mode: every insert and update once, deletes ignored."""
+    return [c.row for c in history if c.op != "d" and c.row is not None]
+
+
+def sink_snapshots(catalog: Catalog, table: str, sink_id: str) -> list[dict[str, str]]:
+    """Summaries of the sink's snapshots along the main branch, oldest first."""
+    t = catalog.load_table(table)
+    chain = []
+    snapshot = t.current_snapshot()
+    while snapshot is not None:
+        chain.append(snapshot)
+        snapshot = (
+            t.metadata.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+        )
+    summaries = [
+        dict(s.summary.additional_properties) if s.summary is not None else {} for s in reversed(chain)
+    ]
+    return [s for s in summaries if s.get("icesink.sink-id") == sink_id]
+
+
+def assert_seqs_increasing(catalog: Catalog, table: str, sink_id: str) -> list[int]:
+    seqs = [int(s["icesink.seq"]) for s in sink_snapshots(catalog, table, sink_id)]
+    assert seqs, f"no snapshot of sink {sink_id} in {table}"
+    assert len(seqs) == len(set(seqs)), f"duplicate icesink.seq in {table}: {seqs}"
+    assert seqs == sorted(seqs), f"icesink.seq not increasing along the history of {table}: {seqs}"
+    return seqs
