@@ -1,0 +1,174 @@
+"""The commit protocol, one failure story per test, against the real txnlog and REST catalog.
+
+Files are written in-process with the sink's own writer; Spark is not needed to tell whether a commit
+landed once, twice or not at all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from service.channel.committer import Committer, find_commit
+from service.channel.pending import PendingCommit, new_snapshot_id
+from service.data.columns import column_from_config, iceberg_schema
+from service.data.files import OP_COLUMN, WriteSpec, write_files
+from service.failpoints import configure as configure_failpoints
+from service.metrics import noop_metrics
+from tests.readers import duckdb_connect
+from tests.sink.expect import assert_seqs_increasing
+from txnlog import Fenced, Phase, TransactionLog
+
+COLUMNS = [column_from_config("id", "long", True, None), column_from_config("v", "string", False, None)]
+
+
+@pytest.fixture
+def log(pg_dsn: str) -> TransactionLog:
+    return TransactionLog(pg_dsn, schema="icesink_protocol_tests")
+
+
+@pytest.fixture
+def table(rest_catalog: Catalog, unique_name: Callable[[str], str]) -> Table:
+    namespace = unique_name("proto")
+    rest_catalog.create_namespace(namespace)
+    return rest_catalog.create_table(
+        f"{namespace}.t", schema=iceberg_schema(COLUMNS, ["id"]), properties={"format-version": "2"}
+    )
+
+
+def pending_for(table: Table, rows: list[tuple[int, str | None, str]], offset: int) -> PendingCommit:
+    spec = WriteSpec(table.metadata, dict(table.io.properties), ["id"], upsert=True, delete_spec_id=0)
+    batch = pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "v": pa.array([r[1] for r in rows], pa.string()),
+            OP_COLUMN: [r[2] for r in rows],
+        }
+    )
+    data, deletes = write_files(spec, batch)
+    return PendingCommit(
+        table=".".join(table.name()),
+        offsets={"t": {0: offset}},
+        snapshot_id=new_snapshot_id(),
+        data_files=data,
+        delete_files=deletes,
+    )
+
+
+def committer(log: TransactionLog, catalog: Catalog, sink_id: str, owner: str) -> Committer:
+    return Committer(log, log.claim(sink_id, owner), catalog, noop_metrics(), max_attempts=5)
+
+
+def snapshots_of(catalog: Catalog, table: Table, sink_id: str) -> list[int]:
+    return assert_seqs_increasing(catalog, ".".join(table.name()), sink_id)
+
+
+def test_crash_after_precommit_is_resumed_with_the_same_files(
+    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    sink_id = unique_name("sink")
+    first = committer(log, rest_catalog, sink_id, "a")
+    pending = pending_for(table, [(1, "x", "c"), (2, "y", "c")], offset=2)
+    log.precommit(first.lease, pending.to_payload())  # ... and the process dies here
+
+    second = committer(log, rest_catalog, sink_id, "b")
+    result = second.recover()
+
+    assert result is not None and result.resumed
+    landed = rest_catalog.load_table(".".join(table.name()))
+    assert find_commit(landed, sink_id, pending.snapshot_id, result.seq) is not None
+    assert landed.current_snapshot().snapshot_id == pending.snapshot_id  # same pre-generated id
+    assert snapshots_of(rest_catalog, table, sink_id) == [1]
+    state = log.state(sink_id)
+    assert state is not None and state.phase is Phase.COMMITTED
+    assert second.committed_offsets() == {"t": {0: 2}}
+
+
+def test_lost_acknowledgement_is_not_committed_twice(
+    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    """The Iceberg commit landed but the process died before the txnlog commit."""
+    sink_id = unique_name("sink")
+    first = committer(log, rest_catalog, sink_id, "a")
+    pending = pending_for(table, [(1, "x", "c")], offset=1)
+    state = log.precommit(first.lease, pending.to_payload())
+    first._commit_to_iceberg(pending, state.seq)  # landed; the log never heard of it
+
+    second = committer(log, rest_catalog, sink_id, "b")
+    second.recover()
+
+    assert snapshots_of(rest_catalog, table, sink_id) == [1]
+    assert len(rest_catalog.load_table(".".join(table.name())).metadata.snapshots) == 1
+    assert log.state(sink_id).phase is Phase.COMMITTED  # type: ignore[union-attr]
+
+
+def test_zombie_writer_is_fenced_and_writes_nothing(
+    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    sink_id = unique_name("sink")
+    zombie = committer(log, rest_catalog, sink_id, "old")
+    zombie.commit(pending_for(table, [(1, "x", "c")], offset=1))
+    successor = committer(log, rest_catalog, sink_id, "new")  # fences the zombie
+    successor.recover()
+
+    with pytest.raises(Fenced) as raised:
+        zombie.commit(pending_for(table, [(1, "zombie", "u")], offset=2))
+    assert raised.value.current_epoch == successor.lease.epoch
+    assert snapshots_of(rest_catalog, table, sink_id) == [1]
+
+    successor.commit(pending_for(table, [(1, "fresh", "u")], offset=2))
+    assert snapshots_of(rest_catalog, table, sink_id) == [1, 2]  # the fenced attempt took no seq
+
+
+def test_concurrent_writer_conflict_is_retried_without_loss(
+    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    """Another writer commits between our snapshot's build and its commit: rebuilt on the new parent."""
+    sink_id = unique_name("sink")
+    ours = committer(log, rest_catalog, sink_id, "a")
+    pending = pending_for(table, [(1, "ours", "c")], offset=1)
+    configure_failpoints("during_catalog_commit=delay:3")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            ours.commit(pending)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    try:
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(1.5)  # our snapshot is built and waiting at the fail point
+        other = rest_catalog.load_table(".".join(table.name()))
+        theirs = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+        other.append(pa.table({"id": [99], "v": ["theirs"]}, schema=theirs))
+        worker.join(60)
+    finally:
+        configure_failpoints("")
+    assert not errors, errors
+    final = rest_catalog.load_table(".".join(table.name()))
+    assert len(final.metadata.snapshots) == 2
+    assert final.current_snapshot().snapshot_id == pending.snapshot_id
+    assert final.metadata.snapshot_by_id(final.current_snapshot().parent_snapshot_id) is not None
+    assert snapshots_of(rest_catalog, table, sink_id) == [1]
+    con = duckdb_connect()
+    rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
+    assert rows == [(1, "ours"), (99, "theirs")]
+
+
+def test_empty_batch_moves_offsets_without_a_snapshot(
+    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    """A batch of tombstones or dead letters only: offsets advance, no snapshot is made."""
+    sink_id = unique_name("sink")
+    c = committer(log, rest_catalog, sink_id, "a")
+    c.commit(PendingCommit(table=".".join(table.name()), offsets={"t": {0: 5}}, snapshot_id=None))
+    assert c.committed_offsets() == {"t": {0: 5}}
+    assert rest_catalog.load_table(".".join(table.name())).metadata.snapshots == []
