@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import shlex
 import signal
 import subprocess
@@ -50,13 +51,26 @@ def _url(dsn: str) -> URL:
     return url
 
 
+def _dsn_from_dev_stack() -> str | None:
+    """ICESINK_PG_DSN as `dev/stack env` prints it (what `make test` relies on), if the stack exists."""
+    if not DEV_STACK.exists():
+        return None
+    res = subprocess.run([str(DEV_STACK), "env"], capture_output=True, text=True, timeout=60)
+    for line in res.stdout.splitlines():
+        match = re.fullmatch(rf"export {DSN_ENV}=(.*)", line.strip())
+        if match:
+            return shlex.split(match[1])[0]
+    return None
+
+
 @pytest.fixture(scope="session")
 def txnlog_dsn() -> str:
-    dsn = os.environ.get(DSN_ENV)
+    """ICESINK_PG_DSN, else the dev stack's DSN (as the root conftest does); never a skip."""
+    dsn = os.environ.get(DSN_ENV) or _dsn_from_dev_stack()
     if not dsn:
         pytest.fail(
-            f"{DSN_ENV} is not set. The txnlog tests need a real Postgres: run `dev/stack up` and "
-            f'`eval "$(dev/stack env)"`, or point {DSN_ENV} at any Postgres >= 14.',
+            f"{DSN_ENV} is not set and `dev/stack env` did not provide it. The txnlog tests need a real "
+            f"Postgres: run `dev/stack up`, or point {DSN_ENV} at any Postgres >= 14.",
             pytrace=False,
         )
     url = _url(dsn)
