@@ -105,7 +105,7 @@ def main() -> int:
     print("\n".join("   " + line for line in status.stdout.splitlines()))
     print(
         f'\nLook yourself: eval "$(dev/stack env)" && .venv/bin/python -c "from tests.readers import duckdb_connect; '
-        f"print(duckdb_connect().sql('SELECT * FROM {ident} LIMIT 10'))\""
+        f"print(duckdb_connect().sql('SELECT * FROM cat.{table} LIMIT 10'))\""
     )
     return 0 if got == want else 1
 
