@@ -580,11 +580,12 @@ class TransactionLog:
 
 
 def _discard(conn: Connection) -> None:
-    """Roll back and release a connection that may already be broken."""
+    """Roll back and release a connection that may already be broken or closed."""
     try:
         conn.rollback()
     except Exception:
-        conn.invalidate()
+        with suppress(Exception):
+            conn.invalidate()  # never return a connection in an unknown state to the pool
     finally:
         with suppress(Exception):
             conn.close()

@@ -285,4 +285,4 @@ def test_random_interleavings_match_the_model(make_log: MakeLog) -> None:
 @pytest.mark.slow
 def test_random_interleavings_match_the_model_long(make_log: MakeLog) -> None:
     TxnLogMachine.log = make_log()
-    run_state_machine_as_test(TxnLogMachine, settings=_settings(400, 60))
+    run_state_machine_as_test(TxnLogMachine, settings=_settings(200, 50))
