@@ -5,6 +5,8 @@
     dev/stack up        start what is not running, wait until every server answers a health check
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
+    dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest), e.g.
+                        for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir), an S3 server
@@ -1004,6 +1006,35 @@ def cmd_down(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    _sync_s3_marker()
+    for name in args.servers:
+        stop(SERVICES[name])
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    _sync_s3_marker()
+    timeout = float(_env_int("ICESINK_STACK_TIMEOUT", 180))
+    for name in args.servers:
+        svc = SERVICES[name]
+        try:
+            ensure_started(svc)
+            wait_healthy(svc, timeout, s3_ready if name == "s3" else None)
+            if svc.after_healthy:
+                svc.after_healthy()
+            wait_healthy(svc, timeout)
+        except Exception as exc:
+            return fail(svc, exc)
+        log(f"{name} healthy")
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    cmd_stop(args)
+    return cmd_start(args)
+
+
 def cmd_env(_: argparse.Namespace) -> int:
     _sync_s3_marker()
     jars = spark_jars()
@@ -1041,6 +1072,14 @@ def main(argv: list[str] | None = None) -> int:
         ("env", cmd_env),
     ):
         sub.add_parser(name).set_defaults(func=func)
+    for name, handler, text in (
+        ("stop", cmd_stop, "stop these servers (only processes dev/stack started)"),
+        ("start", cmd_start, "start these servers and wait until they are healthy"),
+        ("restart", cmd_restart, "stop, then start these servers"),
+    ):
+        one = sub.add_parser(name, help=text)
+        one.add_argument("servers", nargs="+", choices=list(SERVICES), metavar="SERVER")
+        one.set_defaults(func=handler)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
