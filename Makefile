@@ -3,11 +3,12 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap stack-up stack-down stack-status test lint demo
+.PHONY: help bootstrap stack-up stack-down stack-status test chaos lint demo
 
 help:
 	@echo "make demo        install what is missing, start the local stack, run the sink demo"
 	@echo "make test        install what is missing, start the local stack, run the test suite"
+	@echo "make chaos       the fault-injection suite (kills, zombies, outages; ~15 min; restarts servers)"
 	@echo "make lint        ruff + mypy"
 	@echo "make bootstrap   apt packages, .venv, dev stack downloads (idempotent)"
 	@echo "make stack-up / stack-down / stack-status"
@@ -27,6 +28,10 @@ stack-status:
 test: bootstrap
 	dev/stack up
 	.venv/bin/pytest -m "not chaos and not bench" $(PYTEST_ARGS)
+
+chaos: bootstrap
+	dev/stack up
+	.venv/bin/pytest -m chaos tests/chaos $(PYTEST_ARGS)
 
 lint:
 	.venv/bin/ruff check .
