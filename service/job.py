@@ -16,13 +16,15 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
+from datetime import datetime
+from functools import partial, reduce
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from service.channel.cadence import CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
 from service.config import Mode, SinkConfig
@@ -94,6 +96,16 @@ def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, list[C
 
 
 @dataclass
+class _Buffer:
+    """Micro-batches read but not yet committed (see service.channel.cadence)."""
+
+    frames: list[DataFrame] = field(default_factory=list)
+    offsets: Offsets = field(default_factory=dict)
+    bytes: int = 0
+    newest: datetime | None = None
+
+
+@dataclass
 class BatchOutcome:
     records: int = 0
     dead_letters: int = 0
@@ -116,6 +128,8 @@ class SinkJob:
         self.catalog = open_catalog(config)
         self.fatal: BaseException | None = None
         self._batch_lock = threading.Lock()
+        self._buffer = _Buffer()
+        self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period, time.monotonic())
         self._stop_requested = threading.Event()
 
     def request_stop(self) -> None:
@@ -184,10 +198,15 @@ class SinkJob:
                 logger.info("stop requested: finishing the batch in flight, then stopping")
                 with self._batch_lock:
                     query.stop()
-            query.awaitTermination()
+            try:
+                query.awaitTermination()
+            except Exception:
+                if not isinstance(self.fatal, StopRequested):
+                    raise
+            if self.fatal is None or isinstance(self.fatal, StopRequested):
+                with self._batch_lock:
+                    self.flush()  # what the cadence held back
         except Exception:
-            if isinstance(self.fatal, StopRequested):
-                return
             if self.fatal is not None:
                 raise self.fatal from None
             raise
@@ -215,29 +234,51 @@ class SinkJob:
     # -- one batch -------------------------------------------------------------------------------------
 
     def process_batch(self, records: DataFrame) -> None:
-        started = time.monotonic()
+        """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch)."""
         records = records.persist()
-        try:
-            ranges = (
-                records.groupBy("topic", "partition")
-                .agg(F.max("offset").alias("last"), F.max("timestamp").alias("newest"))
-                .collect()
+        ranges = (
+            records.groupBy("topic", "partition")
+            .agg(
+                F.max("offset").alias("last"),
+                F.max("timestamp").alias("newest"),
+                F.sum(F.length("value")).alias("bytes"),
             )
-            if not ranges:
-                return
-            batch_offsets: Offsets = {}
-            for row in ranges:
-                batch_offsets.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
-            newest = max((r["newest"] for r in ranges if r["newest"] is not None), default=None)
-            pending, outcome = self._write(records, merge_offsets(self.offsets, batch_offsets))
+            .collect()
+        )
+        if not ranges:
+            records.unpersist()
+            return
+        buffer = self._buffer
+        buffer.frames.append(records)
+        for row in ranges:
+            buffer.offsets.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
+            buffer.bytes += row["bytes"] or 0
+            if row["newest"] is not None and (buffer.newest is None or row["newest"] > buffer.newest):
+                buffer.newest = row["newest"]
+        if self.cadence.due(buffer.bytes, time.monotonic()):
+            self.flush()
+        else:
+            logger.debug("buffered %d bytes in %d batch(es); not yet due", buffer.bytes, len(buffer.frames))
+
+    def flush(self) -> None:
+        """Decode, compact, write and commit everything buffered, as one snapshot."""
+        buffer, self._buffer = self._buffer, _Buffer()
+        if not buffer.frames:
+            return
+        started = time.monotonic()
+        records = reduce(DataFrame.unionAll, buffer.frames)
+        try:
+            pending, outcome = self._write(records, merge_offsets(self.offsets, buffer.offsets))
             written = time.monotonic()
             self.metrics.write_duration.record(written - started, self.metrics.attrs())
             result = self.committer.commit(pending)
             committed = time.monotonic()
         finally:
-            records.unpersist()
+            for frame in buffer.frames:
+                frame.unpersist()
+        self.cadence.committed(committed)
         self.offsets = pending.offsets
-        self._record(pending, outcome, result.seq, written - started, committed - written, newest)
+        self._record(pending, outcome, result.seq, written - started, committed - written, buffer.newest)
 
     def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
         cfg = self.config
