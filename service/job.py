@@ -37,7 +37,7 @@ from service.iceberg.datafile_json import from_json
 from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog
 from service.metrics import SinkMetrics, setup_metrics
 from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
-from txnlog import Fenced, Lease, TransactionLog
+from txnlog import Fenced, Lease, LockTimeout, TransactionLog
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class SinkJob:
         configure_failpoints()
         self.table, self.columns = resolve_columns(self.config, self.catalog)
         self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
-        self.lease: Lease = self.log.claim(self.config.sink_id, self.owner)
+        self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
             self.log, self.lease, self.catalog, self.metrics, max_attempts=self.config.commit.retries
@@ -153,6 +153,26 @@ class SinkJob:
             raise SinkFenced(str(exc)) from exc
         self.offsets: Offsets = self.committer.committed_offsets()
         self.partitions = partitions(self.config.kafka)
+
+    def _claim(self, attempts: int = 5) -> Lease:
+        """Claim the sink, waiting for a predecessor that still holds the row in the middle of a commit.
+
+        Each try waits up to ``txnlog.lock_timeout``; a hung predecessor's session is ended by Postgres
+        after ``txnlog.session_timeout``, so a few tries are enough.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.log.claim(self.config.sink_id, self.owner)
+            except LockTimeout:
+                if attempt == attempts:
+                    raise
+                logger.warning(
+                    "sink %s: another replica holds the txnlog row (committing); waiting (%d/%d)",
+                    self.config.sink_id,
+                    attempt,
+                    attempts,
+                )
+        raise AssertionError("unreachable")
 
     @property
     def upsert(self) -> bool:

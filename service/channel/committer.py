@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import requests
@@ -31,7 +32,7 @@ from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, Pendi
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
-from txnlog import Fenced, Lease, Phase, TransactionLog
+from txnlog import Lease, Phase, TransactionLog
 
 logger = logging.getLogger(__name__)
 
@@ -125,19 +126,22 @@ class Committer:
         if not pending.has_files:
             self.log.commit(self.lease, seq=seq)
             return CommitResult(seq, None, 0)
-        with self.log.committing(self.lease, seq=seq):
-            attempts = self._commit_to_iceberg(pending, seq)
+        with self.log.committing(self.lease, seq=seq) as handle:
+            attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat)
             failpoint("after_catalog_commit")
         failpoint("after_log_commit")
         return CommitResult(seq, pending.snapshot_id, attempts)
 
-    def _check_not_fenced(self) -> None:
-        state = self.log.state(self.sink_id)
-        if state is not None and state.epoch != self.lease.epoch:
-            raise Fenced(self.sink_id, self.lease.epoch, state.epoch, state.owner)
+    def _commit_to_iceberg(
+        self, pending: PendingCommit, seq: int, keep_lock: Callable[[], None] = lambda: None
+    ) -> int:
+        """Commit the plan's snapshot; return the number of attempts. The only commit retry loop.
 
-    def _commit_to_iceberg(self, pending: PendingCommit, seq: int) -> int:
-        """Commit the plan's snapshot; return the number of attempts. The only commit retry loop."""
+        It runs while the txnlog row is locked, so no other replica can claim meanwhile; before each
+        retry ``keep_lock`` proves the lock is still ours (and restarts the idle-in-transaction clock),
+        raising ``LockLost`` if the session was reaped: then another replica may own the sink and no
+        further attempt is made.
+        """
         summary = pending.summary(self.sink_id, self.lease.epoch, seq)
         backoff = 0.2
         for attempt in range(1, self.max_attempts + 1):
@@ -179,8 +183,8 @@ class Committer:
                 )
             if attempt == self.max_attempts:
                 break
-            self._check_not_fenced()
             time.sleep(backoff)
+            keep_lock()
             backoff = min(backoff * 2, self.max_backoff_s)
         raise CommitGaveUp(
             f"commit of seq {seq} to {pending.table} failed {self.max_attempts} times; see the log"
