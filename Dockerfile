@@ -49,6 +49,8 @@ RUN mkdir -p /usr/share/man/man1 \
 COPY --from=build /opt/icesink/venv /opt/icesink/venv
 COPY --from=jars /opt/icesink/jars /opt/icesink/jars
 COPY deploy/log4j2/log4j2-text.properties deploy/log4j2/log4j2-json.properties /opt/icesink/conf/
+# Spark-on-Kubernetes executors run this image with the launcher as their command (Helm chart).
+COPY --chmod=0755 deploy/docker/spark-executor.sh /opt/icesink/bin/spark-executor
 ENV PATH=/opt/icesink/venv/bin:$PATH \
     JAVA_HOME=/opt/java \
     PYSPARK_PYTHON=/opt/icesink/venv/bin/python \
@@ -69,8 +71,7 @@ FROM runtime-base AS query
 USER root
 RUN /opt/icesink/venv/bin/pip install --no-cache-dir --disable-pip-version-check \
       duckdb==1.5.5 duckdb-extension-iceberg==1.5.5 duckdb-extension-avro==1.5.5 duckdb-extension-httpfs==1.5.5
-COPY dev/compose/query.py /opt/icesink/bin/icesink-query
-RUN chmod 0755 /opt/icesink/bin/icesink-query
+COPY --chmod=0755 dev/compose/query.py /opt/icesink/bin/icesink-query
 USER 10001:10001
 HEALTHCHECK NONE
 ENTRYPOINT ["python", "/opt/icesink/bin/icesink-query"]

@@ -287,3 +287,51 @@ def test_query_stage_pins_the_dev_duckdb(dockerfile: Dockerfile) -> None:
     run = " ".join(i.args for i in dockerfile.of("RUN", "query"))
     installed = set(re.findall(r"duckdb[a-z-]*==[0-9.]+", run))
     assert installed and installed <= pins, f"query stage installs {installed}, dev extras pin {pins}"
+
+
+def test_spark_executor_launcher_builds_the_executor_command(tmp_path: Path) -> None:
+    """What a Spark-on-Kubernetes executor pod runs (the chart's pod template sets it as the command)."""
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    java.chmod(0o755)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "JAVA_HOME": str(tmp_path / "jdk"),
+        "SPARK_HOME": "/spark",
+        "PYSPARK_PYTHON": "/opt/icesink/venv/bin/python",
+        "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@10.0.0.5:7078",
+        "SPARK_EXECUTOR_ID": "3",
+        "SPARK_EXECUTOR_CORES": "2",
+        "SPARK_EXECUTOR_MEMORY": "4g",
+        "SPARK_APPLICATION_ID": "spark-app-1",
+        "SPARK_EXECUTOR_POD_IP": "10.0.0.9",
+        "SPARK_EXECUTOR_POD_NAME": "icesink-exec-3",
+        "SPARK_RESOURCE_PROFILE_ID": "0",
+        "SPARK_JAVA_OPT_10": "-Dten",
+        "SPARK_JAVA_OPT_2": "-Dtwo",
+        "SPARK_JAVA_OPT_0": "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    }
+    script = REPO / "deploy" / "docker" / "spark-executor.sh"
+    res = subprocess.run(["bash", str(script), "executor"], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    args = res.stdout.splitlines()
+    assert args[:3] == ["--add-opens=java.base/java.nio=ALL-UNNAMED", "-Dtwo", "-Dten"]
+    assert args[3:5] == ["-Xms4g", "-Xmx4g"]
+    assert args[5:7] == ["-cp", "/spark/conf:/spark/jars/*"]
+    assert args[7] == "org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend"
+    flags = dict(zip(args[8::2], args[9::2], strict=True))
+    assert flags == {
+        "--driver-url": env["SPARK_DRIVER_URL"],
+        "--executor-id": "3",
+        "--cores": "2",
+        "--app-id": "spark-app-1",
+        "--hostname": "10.0.0.9",
+        "--resourceProfileId": "0",
+        "--podName": "icesink-exec-3",
+    }
+    missing = {k: v for k, v in env.items() if k != "SPARK_DRIVER_URL"}
+    res = subprocess.run(["bash", str(script), "executor"], env=missing, capture_output=True, text=True)
+    assert res.returncode == 64 and "SPARK_DRIVER_URL is not set" in res.stderr
+    res = subprocess.run(["bash", str(script), "driver"], env=env, capture_output=True, text=True)
+    assert res.returncode == 64

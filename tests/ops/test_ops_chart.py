@@ -1,0 +1,286 @@
+"""The Helm chart, checked offline: scripts/check-chart (helm lint, helm template for every
+deploy/helm/icesink/ci/*.yaml, kubeconform and kubernetes-validate against bundled schemas), then the
+rendered manifests against what the sink needs: a valid sink.yaml, hardened pods, probes on the health
+endpoints, credentials only from the Secret, RBAC and a token only in Spark-on-Kubernetes mode.
+Bad values must fail at install time (values.schema.json and the chart's own checks).
+
+Never skipped: scripts/check-chart builds helm and kubeconform with `go install` when they are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ops_helpers import REPO
+
+from service.config import load_config
+
+CHART = REPO / "deploy" / "helm" / "icesink"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+HELM = Path(os.environ.get("ICESINK_CACHE_DIR", REPO / ".cache")) / "bin" / "helm"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = tmp_path_factory.mktemp("chart")
+    res = subprocess.run(
+        [str(REPO / "scripts" / "check-chart"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,  # the first run builds helm with `go install`
+    )
+    assert res.returncode == 0, f"scripts/check-chart failed:\n{res.stderr[-6000:]}"
+    docs = {}
+    for values in CI_VALUES:
+        manifests = out / f"{values.stem}.yaml"
+        docs[values.stem] = [d for d in yaml.safe_load_all(manifests.read_text()) if d]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def values_of(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((CHART / "ci" / f"{name}.yaml").read_text())
+    return data
+
+
+def cases() -> Iterator[str]:
+    yield from (v.stem for v in CI_VALUES)
+
+
+def test_ci_values_cover_the_options() -> None:
+    names = {v.stem for v in CI_VALUES}
+    assert {"minimal-values", "full-values", "spark-kubernetes-values", "bare-values"} <= names
+
+
+@pytest.mark.parametrize("case", list(cases()))
+def test_the_sink_config_is_valid_for_icesink(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
+    docs = rendered[case]
+    config_map = one(docs, "ConfigMap")
+    deployment = one(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {"POD_NAME": "icesink-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": "ns"}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "secretKeyRef" in item["valueFrom"]:  # a Secret's key: any placeholder will do
+            env[item["name"]] = "postgresql://u@db/icesink" if "DSN" in item["name"] else f"<{item['name']}>"
+    path = Path(f"/tmp/{case}-sink.yaml")
+    path.write_text(config_map["data"]["sink.yaml"])
+    try:
+        config = load_config(path, env=env)
+    finally:
+        path.unlink()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert config.health.port == ports["health"]
+    assert container["args"] == ["run", "--config", "/etc/icesink/sink.yaml"]
+    values = values_of(case)
+    if values.get("metrics", {}).get("prometheus", {}).get("enabled", True):
+        assert config.metrics.prometheus_port == ports["metrics"]
+    else:
+        assert config.metrics.prometheus_port is None and "metrics" not in ports
+    assert config.sink_id == values["config"]["sink_id"]
+    assert config.spark.conf["spark.ui.showConsoleProgress"] == "false"
+    if values.get("spark", {}).get("kubernetes", {}).get("enabled"):
+        assert config.spark.master.startswith("k8s://")
+        assert config.spark.conf["spark.driver.host"] == "10.1.2.3"
+        assert config.spark.conf["spark.kubernetes.driver.pod.name"] == "icesink-0"
+        assert "executor-pod-template.yaml" in config_map["data"]
+    else:
+        assert config.spark.master.startswith("local")
+    log_format = config.log.format
+    opts = next(e["value"] for e in container["env"] if e["name"] == "SPARK_SUBMIT_OPTS")
+    assert opts.endswith(f"/opt/icesink/conf/log4j2-{log_format}.properties")
+    assert (REPO / "deploy" / "log4j2" / f"log4j2-{log_format}.properties").exists()
+
+
+@pytest.mark.parametrize("case", list(cases()))
+def test_the_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
+    docs = rendered[case]
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    k8s_mode = bool(values_of(case).get("spark", {}).get("kubernetes", {}).get("enabled"))
+    assert pod["automountServiceAccountToken"] is k8s_mode
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    spark_local = next(e["value"] for e in container["env"] if e["name"] == "SPARK_LOCAL_DIRS")
+    assert "emptyDir" in volumes[mounts[spark_local]]
+    assert volumes[mounts["/etc/icesink"]]["configMap"]["name"] == one(docs, "ConfigMap")["metadata"]["name"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    # credentials only by reference to the existing Secret
+    secret = values_of(case)["credentials"]["existingSecret"]
+    for item in container["env"]:
+        if "valueFrom" in item and "secretKeyRef" in item["valueFrom"]:
+            assert item["valueFrom"]["secretKeyRef"]["name"] == secret
+    assert not by_kind(docs, "Secret"), "the chart never creates Secrets"
+    for item in container["env"]:
+        if "value" in item:
+            assert not any(w in item["name"] for w in ("PASSWORD", "SECRET", "DSN", "TOKEN")), item
+
+
+@pytest.mark.parametrize("case", list(cases()))
+def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
+    docs = rendered[case]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+    def selects(selector: dict[str, str]) -> bool:
+        return all(pod_labels.get(k) == v for k, v in selector.items())
+
+    service = one(docs, "Service")
+    assert selects(service["spec"]["selector"])
+    assert selects(one(docs, "Deployment")["spec"]["selector"]["matchLabels"])
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        assert selects(pdb["spec"]["selector"]["matchLabels"])
+    for policy in by_kind(docs, "NetworkPolicy"):
+        assert selects(policy["spec"]["podSelector"]["matchLabels"])
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        dns = policy["spec"]["egress"][0]["ports"]
+        assert {(p["port"], p["protocol"]) for p in dns} == {(53, "UDP"), (53, "TCP")}
+    for monitor in by_kind(docs, "ServiceMonitor"):
+        assert all(
+            service["metadata"]["labels"].get(k) == v
+            for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+        )
+        port_names = {p["name"] for p in service["spec"]["ports"]}
+        assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+
+
+def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    full, bare, k8s, minimal = (
+        rendered["full-values"],
+        rendered["bare-values"],
+        rendered["spark-kubernetes-values"],
+        rendered["minimal-values"],
+    )
+    assert by_kind(full, "ServiceMonitor") and not by_kind(minimal, "ServiceMonitor")
+    assert not by_kind(bare, "NetworkPolicy") and not by_kind(bare, "PodDisruptionBudget")
+    assert not by_kind(bare, "ServiceAccount")
+    assert one(bare, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "icesink-runner"
+    assert one(full, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert one(minimal, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert one(full, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert one(minimal, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    # locked-down egress lists the destinations; the default allows any egress
+    assert {} in one(minimal, "NetworkPolicy")["spec"]["egress"]
+    assert {} not in one(full, "NetworkPolicy")["spec"]["egress"]
+    # RBAC and a token only for Spark-on-Kubernetes
+    for docs in (full, bare, minimal):
+        assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    role, binding = one(k8s, "Role"), one(k8s, "RoleBinding")
+    pod_rule = next(r for r in role["rules"] if "pods" in r["resources"])
+    assert {"create", "delete", "list", "watch"} <= set(pod_rule["verbs"])
+    sa = one(k8s, "ServiceAccount")
+    assert sa["automountServiceAccountToken"] is True
+    assert one(minimal, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "icesink-ci"}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    policy = one(k8s, "NetworkPolicy")["spec"]
+    driver_ports = {p["port"] for rule in policy["ingress"] for p in rule.get("ports", []) if "from" in rule}
+    assert {7078, 7079} <= driver_ports
+    api = [r for r in policy["egress"] if any("ipBlock" in t for t in r.get("to", []))]
+    assert api and api[0]["ports"] == [{"port": 443, "protocol": "TCP"}]
+    template = yaml.safe_load(one(k8s, "ConfigMap")["data"]["executor-pod-template.yaml"])
+    assert template["spec"]["automountServiceAccountToken"] is False
+    (executor,) = template["spec"]["containers"]
+    assert executor["command"] == ["/opt/icesink/bin/spark-executor"]
+    assert "/opt/icesink/bin/spark-executor" in (REPO / "Dockerfile").read_text()
+    assert executor["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+BASE = {
+    "image": {"repository": "icesink", "tag": "x"},
+    "config": {
+        "sink_id": "s",
+        "kafka": {"bootstrap_servers": "k:9092", "topics": ["t"]},
+        "table": {"identifier": "a.b", "key": ["id"]},
+        "catalog": {"type": "rest", "uri": "http://c"},
+    },
+    "credentials": {"existingSecret": "s"},
+}
+
+
+def merged(patch: dict[str, Any]) -> dict[str, Any]:
+    def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+        return out
+
+    return merge(BASE, patch)
+
+
+def helm_template(values: dict[str, Any], workdir: Path) -> subprocess.CompletedProcess[str]:
+    assert HELM.exists(), "scripts/check-chart builds helm; it runs in the `rendered` fixture"
+    file = workdir / "values.yaml"
+    file.write_text(yaml.safe_dump(values))
+    return subprocess.run(
+        [str(HELM), "template", "x", str(CHART), "-f", str(file), "--kube-version", "1.34.0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HELM_CONFIG_HOME": str(workdir), "HELM_CACHE_HOME": str(workdir)},
+        timeout=120,
+    )
+
+
+def test_the_smallest_values_render(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    res = helm_template(BASE, tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("why", "patch", "message"),
+    [
+        ("no Secret named", {"credentials": {"existingSecret": ""}}, "existingSecret"),
+        ("password in the DSN", {"config": {"txnlog": {"dsn": "postgresql://u:hunter2@db/x"}}}, "txnlog"),
+        ("literal S3 secret", {"config": {"catalog": {"s3.secret-access-key": "abc"}}}, "secret-access-key"),
+        (
+            "literal Kafka password",
+            {"config": {"kafka": {"options": {"sasl.password": "p"}}}},
+            "sasl.password",
+        ),
+        ("unknown top-level key", {"replicaCount": 3}, "replicaCount"),
+        ("chart-owned config key", {"config": {"health": {"port": 1}}}, "health"),
+        ("no topics", {"config": {"kafka": {"topics": []}}}, "topics"),
+        ("upsert without key", {"config": {"table": {"identifier": "a.b", "key": []}}}, "key"),
+        ("bad table identifier", {"config": {"table": {"identifier": "nodot"}}}, "identifier"),
+        ("non-local master", {"spark": {"master": "yarn"}}, "master"),
+        ("bad log format", {"config": {"log": {"format": "xml"}}}, "format"),
+        ("root user", {"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
+        ("spark scratch in /tmp", {"scratch": {"sparkLocal": {"path": "/tmp/spark"}}}, "path"),
+    ],
+)
+def test_bad_values_fail_at_install_time(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path, why: str, patch: dict[str, Any], message: str
+) -> None:
+    res = helm_template(merged(patch), tmp_path)
+    assert res.returncode != 0, f"{why}: helm template accepted {patch}"
+    assert message in res.stderr, f"{why}: the error should name {message!r}:\n{res.stderr}"
