@@ -37,14 +37,17 @@ from txnlog import Lease, Phase, TransactionLog
 logger = logging.getLogger(__name__)
 
 # Errors after which the commit's outcome is unknown or the catalog is briefly unavailable.
+# OSError also covers the object store failing while the manifests are written (pyarrow raises
+# OSError): nothing reached the catalog yet, and every retry looks for the snapshot first anyway.
+# A connection dropped in the middle of the catalog's answer is a ChunkedEncodingError.
 _UNKNOWN_OUTCOME = (
     CommitStateUnknownException,
     ServerError,
     ServiceUnavailableError,
     requests.exceptions.ConnectionError,
     requests.exceptions.Timeout,
-    ConnectionError,
-    TimeoutError,
+    requests.exceptions.ChunkedEncodingError,
+    OSError,
 )
 
 
