@@ -8,10 +8,12 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 
 from service.config import ConfigError, SinkConfig, load_config
 from service.data.columns import SchemaError
 from service.logs import setup_logging
+from service.units import parse_duration
 
 logger = logging.getLogger("icesink")
 
@@ -85,10 +87,28 @@ def _check(config: SinkConfig, args: argparse.Namespace) -> int:
     return EXIT_OK if run_checks(config) else EXIT_FAILED
 
 
+def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.orphans import delete_orphans, find_orphans
+
+    report = find_orphans(config, args.older_than)
+    if args.delete:
+        delete_orphans(config, report)
+    print(json.dumps(report.to_json(), indent=2))
+    return EXIT_OK
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "run": _run,
     "status": _status,
     "check": _check,
+    "orphans": _orphans,
 }
 
 
@@ -105,7 +125,20 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("status", help="print the sink's state as JSON")
     sub.add_parser("check", help="validate the configuration and reach every server")
-    for name in ("run", "status", "check"):
+    orphans = sub.add_parser(
+        "orphans",
+        help="list data/delete files under the table's data location that no snapshot and no txnlog "
+        "plan references (JSON); delete them with --delete",
+    )
+    orphans.add_argument("--delete", action="store_true", help="delete the orphans listed")
+    orphans.add_argument(
+        "--older-than",
+        type=_duration,
+        default=timedelta(hours=1),
+        metavar="DURATION",
+        help="only files older than this (default 1h): younger ones may belong to a batch in flight",
+    )
+    for name in ("run", "status", "check", "orphans"):
         sub.choices[name].add_argument("--config", "-c", required=True, help="the sink's YAML file")
     return p
 

@@ -1,0 +1,208 @@
+"""Orphan files: data and delete files under the table's data location that nothing will ever read.
+
+A batch writes its Parquet files before its precommit; if the process dies before the precommit, or
+the batch's file write is retried, or a plan is aborted, those files belong to no snapshot and no
+plan. They are *orphans* — harmless to readers, but they cost storage.
+
+A file is an orphan only when all of these hold:
+
+* it lies under the table's data location (``write.data.path``, default ``<location>/data``);
+* no snapshot of the table references it (every manifest of every snapshot still in the metadata,
+  including entries marked deleted);
+* no plan in the txnlog references it — the pending (precommitted) plan and the last committed
+  plan of every sink whose plan names this table: a precommitted plan must stay committable
+  (design rule 5), whatever its age;
+* it is older than the cut-off (``--older-than``, default 1h), so that files a running batch has
+  written but not yet precommitted are never taken for orphans.
+
+The order of the reads matters: files are listed first, then the txnlog is read, then the table.
+A file listed before its plan was precommitted is then seen in the log; a plan that moved from
+``precommit`` to ``committed`` between the two reads is seen in the table's snapshots.
+
+Only ``icesink orphans --delete`` deletes; metadata files (manifests of failed commits) are left to
+Spark's ``remove_orphan_files``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.table import Table
+
+from service.config import SinkConfig
+from txnlog import TransactionLog
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OLDER_THAN = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    path: str
+    size: int
+    modified: datetime
+
+
+@dataclass
+class OrphanReport:
+    table: str
+    data_location: str
+    older_than: timedelta
+    listed: int = 0
+    referenced: int = 0
+    in_plans: int = 0
+    too_young: int = 0
+    orphans: list[StoredFile] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "data_location": self.data_location,
+            "older_than_s": self.older_than.total_seconds(),
+            "files_listed": self.listed,
+            "referenced_by_snapshots": self.referenced,
+            "referenced_by_txnlog_plans": self.in_plans,
+            "too_young": self.too_young,
+            "orphans": [
+                {"path": f.path, "size": f.size, "modified": f.modified.isoformat()} for f in self.orphans
+            ],
+            "orphan_bytes": sum(f.size for f in self.orphans),
+            "deleted": len(self.deleted),
+        }
+
+
+def data_location(table: Table) -> str:
+    return table.location_provider().data_path.rstrip("/")
+
+
+def _with_scheme(location: str, scheme: str, path: str) -> str:
+    """pyarrow lists ``bucket/key``; the table's files are named ``s3://bucket/key``."""
+    if scheme in ("file", ""):
+        return path if "://" not in location else f"file://{path}"
+    return f"{scheme}://{path}"
+
+
+def list_files(io: FileIO, location: str) -> list[StoredFile]:
+    """Every file under ``location`` with its size and modification time."""
+    from pyarrow import fs as pafs
+
+    if not isinstance(io, PyArrowFileIO):
+        io = PyArrowFileIO(io.properties)
+    scheme, netloc, path = PyArrowFileIO.parse_location(location, io.properties)
+    filesystem = io.fs_by_scheme(scheme, netloc)
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    files = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        modified = info.mtime or datetime.fromtimestamp(0, UTC)
+        if modified.tzinfo is None:
+            modified = modified.replace(tzinfo=UTC)
+        files.append(StoredFile(_with_scheme(location, scheme, info.path), int(info.size or 0), modified))
+    return files
+
+
+def snapshot_files(table: Table) -> set[str]:
+    """Paths of every data and delete file any snapshot in the metadata references."""
+    io = table.io
+    paths: set[str] = set()
+    seen_manifests: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(io):
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+                paths.add(entry.data_file.file_path)
+    return paths
+
+
+def plan_files(log: TransactionLog, table: str) -> set[str]:
+    """Files named by any sink's pending or last committed plan for ``table``."""
+    paths: set[str] = set()
+    for state in log.list_sinks():
+        for payload in (state.payload, state.committed_payload):
+            if not payload or payload.get("table") != table:
+                continue
+            for key in ("data_files", "delete_files"):
+                for f in payload.get(key) or []:
+                    path = f.get("file_path") if isinstance(f, dict) else None
+                    if path:
+                        paths.add(path)
+    return paths
+
+
+def _normalise(path: str) -> str:
+    """``s3a://b/k`` and ``s3://b/k`` name the same object; ``file:/x`` and ``/x`` the same file."""
+    for prefix in ("s3a://", "s3n://"):
+        if path.startswith(prefix):
+            return "s3://" + path[len(prefix) :]
+    for prefix in ("file://", "file:"):
+        if path.startswith(prefix):
+            return path[len(prefix) :]
+    return path
+
+
+def find_orphans(
+    config: SinkConfig,
+    older_than: timedelta = DEFAULT_OLDER_THAN,
+    *,
+    catalog: Any = None,
+    log: TransactionLog | None = None,
+    now: datetime | None = None,
+) -> OrphanReport:
+    from service.iceberg.tables import open_catalog
+
+    catalog = catalog or open_catalog(config)
+    identifier = config.table.identifier
+    table = catalog.load_table(identifier)
+    location = data_location(table)
+    report = OrphanReport(table=identifier, data_location=location, older_than=older_than)
+
+    listed = list_files(table.io, location)  # 1. the files
+    own_log = log is None
+    log = log or TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    try:
+        in_plans = {_normalise(p) for p in plan_files(log, identifier)}  # 2. the plans
+    finally:
+        if own_log:
+            log.close()
+    table = catalog.load_table(identifier)  # 3. the snapshots, as of now
+    referenced = {_normalise(p) for p in snapshot_files(table)}
+
+    cutoff = (now or datetime.now(UTC)) - older_than
+    report.listed = len(listed)
+    for f in listed:
+        key = _normalise(f.path)
+        if key in referenced:
+            report.referenced += 1
+        elif key in in_plans:
+            report.in_plans += 1
+        elif f.modified > cutoff:
+            report.too_young += 1
+        else:
+            report.orphans.append(f)
+    return report
+
+
+def delete_orphans(config: SinkConfig, report: OrphanReport, *, catalog: Any = None) -> list[str]:
+    """Delete the report's orphans; returns the paths deleted."""
+    from service.iceberg.tables import open_catalog
+
+    catalog = catalog or open_catalog(config)
+    io = catalog.load_table(config.table.identifier).io
+    for f in report.orphans:
+        io.delete(f.path)
+        report.deleted.append(f.path)
+        logger.info("deleted orphan %s (%d bytes)", f.path, f.size)
+    return report.deleted
