@@ -58,7 +58,8 @@ def connect() -> Any:
         },
     )
     rest = env.get("ICESINK_REST_URI", "http://iceberg-rest:8181").rstrip("/")
-    con.execute(f"ATTACH 'warehouse' AS cat (TYPE iceberg, ENDPOINT '{rest}', AUTHORIZATION_TYPE 'none')")
+    warehouse = env.get("ICESINK_QUERY_WAREHOUSE", "warehouse")
+    con.execute(f"ATTACH '{warehouse}' AS cat (TYPE iceberg, ENDPOINT '{rest}', AUTHORIZATION_TYPE 'none')")
     return con
 
 

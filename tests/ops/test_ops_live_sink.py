@@ -8,6 +8,8 @@ every state that moves a metric:
 * batch 1 (sample changes plus two bad records): a fail point holds the Iceberg commit while the test
   commits a snapshot of its own, so the sink's first attempt conflicts and is retried;
 * batch 2 (changes produced meanwhile); then idle: lag back to 0, freshness growing;
+* scripts/k8s-chaos.sh's own programs produce batch 2 and then judge the result: the commit history
+  is consistent and the table (read with DuckDB) holds exactly the source's rows;
 * a newer replica claims the sink: the next batch is fenced, the process exits 3, and its last OTLP
   export (sent at exit) carries the fenced count.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -41,7 +44,7 @@ from ops_helpers import (
 )
 
 from service.metrics import INSTRUMENTS
-from service.sample import SampleSource, ensure_topic, produce
+from service.sample import Change, SampleSource, ensure_topic, produce
 
 LOG4J_JSON = REPO / "deploy" / "log4j2" / "log4j2-json.properties"
 COMMIT_FIELDS = ("table", "snapshot_id", "seq", "records", "bytes", "duration_s")
@@ -128,6 +131,34 @@ class SinkProcess:
                 self.proc.wait(10)
 
 
+BURST, KEYS = 150, 60
+CHAOS = REPO / "scripts" / "k8s-chaos.sh"
+
+
+def burst(seed: int) -> list[Change]:
+    source = SampleSource(keys=KEYS, seed=seed)
+    return [source.next_change() for _ in range(BURST)]
+
+
+def chaos_programs() -> dict[str, str]:
+    """The Python programs scripts/k8s-chaos.sh runs inside the sink's pod."""
+    text = CHAOS.read_text()
+    return {m[1]: m[2] for m in re.finditer(r"([A-Z]+)=\$\(cat <<'PY'\n(.*?)\nPY\n\)", text, re.S)}
+
+
+def run_program(
+    code: str, args: list[str], env: dict[str, str], config: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**env, "ICESINK_CONFIG": str(config), "ICESINK_FAILPOINTS": ""},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def bad_records(bootstrap: str, topic: str) -> None:
     from confluent_kafka import Producer
 
@@ -154,8 +185,10 @@ def test_metrics_health_and_logs_of_a_real_run(
 
     ensure_topic(stack.kafka_bootstrap, topic, partitions=3)
     ensure_topic(stack.kafka_bootstrap, f"{topic}.dlq", partitions=1)
-    source = SampleSource(keys=60, seed=11)
-    wave1 = [source.next_change() for _ in range(150)]
+    # Two bursts as scripts/k8s-chaos.sh produces them (SampleSource(seed=first + i), BURST changes each),
+    # so its consistency checks can judge this run too.
+    first_seed = secrets.randbelow(10**6)
+    wave1 = burst(first_seed + 1)
     produce(stack.kafka_bootstrap, topic, wave1)
     bad_records(stack.kafka_bootstrap, topic)
 
@@ -241,8 +274,10 @@ log:
 
         ours = rest_catalog.load_table(table)
         ours.append(pa.Table.from_pylist([], schema=ours.schema().as_arrow()))
-        wave2 = [source.next_change() for _ in range(40)]
-        produce(stack.kafka_bootstrap, topic, wave2)
+        chaos = chaos_programs()
+        res = run_program(chaos["PRODUCE"], [str(first_seed + 2), str(BURST), str(KEYS)], env, config)
+        assert res.returncode == 0, f"the chaos script's producer failed:\n{res.stderr}"
+        wave2 = burst(first_seed + 2)
 
         good = wave1 + wave2
         by_op = {op: sum(1 for c in good if c.op == op) for op in "cud"}
@@ -303,8 +338,16 @@ log:
             if s.name.startswith("icesink_"):
                 assert s.labels.get("icesink_sink_id") == sink_id and s.labels.get("icesink_table") == table
 
+        # -- the chaos script's checks agree: history consistent, rows exactly the source's -------------
+        res = run_program(chaos["CHECK"], ["120"], env, config)
+        assert res.returncode == 0 and "commit history ok" in res.stdout, res.stdout + res.stderr
+        query_env = {**env, "ICESINK_QUERY_TOOL": str(REPO / "dev" / "compose" / "query.py")}
+        rows = [str(first_seed + 1), "2", str(BURST), str(KEYS)]
+        res = run_program(chaos["ROWS"], rows, query_env, config)
+        assert res.returncode == 0 and "rows ok" in res.stdout, res.stdout + res.stderr
+        cli_output = res.stdout + res.stderr
+
         # -- other commands print no secrets either ---------------------------------------------------
-        cli_output = ""
         for command in ("status", "check"):
             res = subprocess.run(
                 [*icesink_command(), command, "--config", str(config)],
@@ -325,7 +368,7 @@ log:
             fencer.claim(sink_id, "ops-test-newer-replica")
         finally:
             fencer.close()
-        produce(stack.kafka_bootstrap, topic, [source.next_change() for _ in range(5)])
+        produce(stack.kafka_bootstrap, topic, burst(first_seed + 3)[:5])
         rc = sink.proc.wait(300)
         assert rc == 3, f"a fenced replica exits 3, got {rc}"
     finally:
