@@ -16,8 +16,16 @@
 # The release must be dedicated to the test: a sink whose only topic receives nothing but this
 # script's changes, and whose table starts empty (docs/kubernetes.md has example values).
 #
-#   scripts/k8s-chaos.sh -n NAMESPACE -r RELEASE [-i ITERATIONS] [-e EVENTS] [--mode kill|delete|mixed]
-#                        [--query-image IMAGE] [--timeout SECONDS] [--seed N]
+#   scripts/k8s-chaos.sh -n NAMESPACE -r RELEASE [options]
+#
+#   -n, --namespace NS      the release's namespace (default: kubectl's current one)
+#   -r, --release NAME      the Helm release (required)
+#   -i, --iterations N      pod deletions (default 10)
+#   -e, --events N          changes per burst (default 500); --keys N: distinct keys (default 1000)
+#   --mode kill|delete|mixed  SIGKILL (--grace-period=0 --force), graceful delete, or both at random
+#   --query-image IMAGE     the icesink query image (Dockerfile target `query`) for the row check
+#   --seed N                first seed of the sample source, to repeat a run (default random)
+#   --timeout SECONDS       limit of every wait (default 600)
 #
 # Needs kubectl (with rights to exec into, delete and create pods and to patch the Deployment) and
 # python3 on this machine; everything else runs in the cluster with the release's own image.
@@ -62,8 +70,10 @@ kc=(kubectl)
 [[ -n $namespace ]] && kc+=(--namespace "$namespace")
 
 selector="app.kubernetes.io/instance=$release,app.kubernetes.io/component=sink"
-deploy=$("${kc[@]}" get deployment -l "$selector" -o name | head -1)
-[[ -n $deploy ]] || die "no icesink Deployment with labels $selector"
+deployments=$("${kc[@]}" get deployment -l "$selector" -o name 2>/dev/null) ||
+  die "cannot list Deployments: is kubectl's context pointing at the cluster (kubectl config current-context)?"
+deploy=$(head -1 <<<"$deployments")
+[[ -n $deploy ]] || die "no icesink Deployment with labels $selector${namespace:+ in namespace $namespace}"
 say "release $release: $deploy"
 
 sink_pod() { # the newest Running pod of the sink
