@@ -39,7 +39,7 @@ RUN python -m venv /opt/icesink/venv \
 FROM ${PYTHON_IMAGE} AS runtime-base
 RUN mkdir -p /usr/share/man/man1 \
  && apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
  && rm -rf /var/lib/apt/lists/* \
  && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java \
  && groupadd --gid 10001 icesink \
