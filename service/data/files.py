@@ -114,20 +114,21 @@ def write_files(spec: WriteSpec, rows: pa.Table) -> tuple[list[DataFile], list[D
     delete_files: list[DataFile] = []
     if rows.num_rows == 0:
         return data_files, delete_files
-    write_id = uuid.uuid4()
+    # One write id per kind of file: pyiceberg names files <task>-0-<write id>, counting tasks from 0
+    # in each call, so a shared id would give a delete file and a data file the same path.
     if spec.upsert:
         if spec.delete_spec_id is None:
             raise ValueError("upsert mode needs a delete spec")
         metadata = spec.delete_metadata()
         keys = _to_table_types(rows.select(spec.key), metadata)
         equality_ids = [metadata.schema().find_field(k).field_id for k in spec.key]
-        for f in _dataframe_to_data_files(metadata, keys, io, write_uuid=write_id):
+        for f in _dataframe_to_data_files(metadata, keys, io, write_uuid=uuid.uuid4()):
             delete_files.append(_as_equality_delete(f, equality_ids, spec.delete_spec_id))
         rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
     if rows.num_rows:
         metadata = spec.data_metadata()
         data = _to_table_types(rows.select(columns), metadata)
-        for f in _dataframe_to_data_files(metadata, data, io, write_uuid=write_id):
+        for f in _dataframe_to_data_files(metadata, data, io, write_uuid=uuid.uuid4()):
             f.spec_id = metadata.default_spec_id  # DataFile.from_args drops spec_id
             data_files.append(f)
     return data_files, delete_files

@@ -115,6 +115,11 @@ class RowDelta:
         for f in self.delete_files:
             if f.content == DataFileContent.DATA:
                 raise ValueError(f"{f.file_path} is a data file, not a delete file")
+        paths = [f.file_path for f in itertools.chain(self.data_files, self.delete_files)]
+        if len(paths) != len(set(paths)):
+            raise ValueError(
+                f"a file is listed twice in one commit: {sorted(p for p in paths if paths.count(p) > 1)}"
+            )
         self.properties = properties
         self.branch = branch
         parent = self._metadata.snapshot_by_name(branch)

@@ -172,3 +172,14 @@ def test_empty_batch_moves_offsets_without_a_snapshot(
     c.commit(PendingCommit(table=".".join(table.name()), offsets={"t": {0: 5}}, snapshot_id=None))
     assert c.committed_offsets() == {"t": {0: 5}}
     assert rest_catalog.load_table(".".join(table.name())).metadata.snapshots == []
+
+
+def test_one_batch_writes_distinct_files_with_true_sizes(table: Table) -> None:
+    """Data and delete files of one batch never share a path (one once overwrote the other)."""
+    pending = pending_for(table, [(1, "x", "c"), (2, None, "d"), (3, "z", "u")], offset=3)
+    files = pending.data_files + pending.delete_files
+    assert len(pending.data_files) == 1 and len(pending.delete_files) == 1
+    assert len({f.file_path for f in files}) == len(files)
+    for f in files:
+        assert f.file_size_in_bytes == len(table.io.new_input(f.file_path)), f.file_path
+    assert pending.delete_files[0].record_count == 3 and pending.data_files[0].record_count == 2
