@@ -81,6 +81,15 @@ class TableConfig(_Section):
     properties: dict[str, str] = Field(default_factory=dict)
     columns: list[ColumnConfig] = Field(default_factory=list)
     create: bool = True
+    schema_evolution: Literal["add_columns", "strict"] = Field(
+        default="add_columns",
+        description="add_columns: new columns, widened types and relaxed nullability in the events evolve "
+        "the table; strict: any difference stops the sink.",
+    )
+    on_incompatible_schema: Literal["fail", "dead_letter"] = Field(
+        default="fail",
+        description="What to do with events whose schema can't be an evolution of the table's.",
+    )
 
     @field_validator("identifier")
     @classmethod

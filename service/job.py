@@ -7,6 +7,7 @@ committed offsets held by the txnlog. Spark's checkpoint is a throwaway director
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -28,13 +29,21 @@ from service.channel.cadence import CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
 from service.config import Mode, SinkConfig
-from service.data.columns import Column, column_from_config, columns_for_table, columns_from_envelope_schema
-from service.data.debezium import ERROR_COLUMN, decode, latest_per_key
+from service.data.columns import (
+    Column,
+    Encoding,
+    SchemaError,
+    column_from_config,
+    columns_for_table,
+    columns_from_envelope_schema,
+)
+from service.data.debezium import ERROR_COLUMN, decode, latest_per_key, schema_text
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition, writer_properties
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.datafile_json import from_json
-from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog
+from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
+from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog, parse_partition_field
 from service.metrics import SinkMetrics, setup_metrics
 from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
@@ -81,8 +90,33 @@ def build_spark(config: SinkConfig) -> SparkSession:
     return spark
 
 
-def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, list[Column]]:
-    """The table (created if needed) and its columns with the encodings the events use."""
+def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column] | None) -> None:
+    """Refuse key and partition settings a new table can't have, before anything is created.
+
+    Otherwise the error surfaces halfway: after the namespace was created, or (a transform that does
+    not fit its column's type) after the table was created without its partitioning.
+    """
+    from service.data.columns import SchemaError
+
+    cfg = config.table
+    if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
+        return
+    types = {c.name: c.type for c in declared}
+    missing = [k for k in cfg.key if k not in types]
+    if missing:
+        raise SchemaError(f"table.key: column(s) {missing} are not among the columns {sorted(types)}")
+    for text in cfg.partition_by:
+        column, transform = parse_partition_field(text)
+        if column not in types:
+            raise SchemaError(f"partition_by: column {column!r} is not among the columns {sorted(types)}")
+        if not transform.can_transform(types[column]):
+            raise SchemaError(
+                f"partition_by: {text!r}: {transform} can't be applied to {column} (type {types[column]})"
+            )
+
+
+def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, dict[str, Encoding]]:
+    """The table (created or evolved if needed) and the encodings the events use per column."""
     declared: list[Column] | None = None
     if config.table.columns:
         declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in config.table.columns]
@@ -90,9 +124,9 @@ def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, list[C
         schema = peek_schema(config.kafka)
         if schema is not None:
             declared = columns_from_envelope_schema(schema)
+    check_new_table(config, catalog, declared)
     table = ensure_table(catalog, config, declared)
-    encodings = {c.name: c.encoding for c in declared or []}
-    return table, columns_for_table(table.schema(), encodings)
+    return table, {c.name: c.encoding for c in declared or []}
 
 
 @dataclass
@@ -140,7 +174,15 @@ class SinkJob:
 
     def start(self) -> None:
         configure_failpoints()
-        self.table, self.columns = resolve_columns(self.config, self.catalog)
+        # Kafka first: a broker or topic that can't be reached stops start-up before a table is
+        # created or the sink is claimed.
+        self.partitions = partitions(self.config.kafka)
+        self.table, self.encodings = resolve_columns(self.config, self.catalog)
+        self.columns = columns_for_table(self.table.schema(), self.encodings)
+        # Events with schema sections are watched for schema changes; configured columns are fixed.
+        self.track_schemas = not self.config.table.columns
+        self.known_schemas: set[str] = set()
+        self.rejected_schemas: dict[str, str] = {}
         self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
         self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
@@ -152,7 +194,6 @@ class SinkJob:
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
         self.offsets: Offsets = self.committer.committed_offsets()
-        self.partitions = partitions(self.config.kafka)
 
     def _claim(self, attempts: int = 5) -> Lease:
         """Claim the sink, waiting for a predecessor that still holds the row in the middle of a commit.
@@ -288,6 +329,7 @@ class SinkJob:
         started = time.monotonic()
         records = reduce(DataFrame.unionAll, buffer.frames)
         try:
+            self._evolve(records)
             pending, outcome = self._write(records, merge_offsets(self.offsets, buffer.offsets))
             written = time.monotonic()
             self.metrics.write_duration.record(written - started, self.metrics.attrs())
@@ -300,9 +342,37 @@ class SinkJob:
         self.offsets = pending.offsets
         self._record(pending, outcome, result.seq, written - started, committed - written, buffer.newest)
 
+    def _evolve(self, records: DataFrame) -> None:
+        """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution)."""
+        if not self.track_schemas:
+            return
+        texts = [r[0] for r in records.select(schema_text(F.col("value"))).distinct().collect() if r[0]]
+        new = [t for t in texts if t not in self.known_schemas and t not in self.rejected_schemas]
+        if not new:
+            return
+        cfg = self.config.table
+        table = self.catalog.load_table(cfg.identifier)
+        for text in new:
+            try:
+                columns = columns_from_envelope_schema(json.loads(text))
+                evolution = plan(table.schema(), columns)
+                check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
+            except SchemaError as exc:
+                if cfg.on_incompatible_schema != "dead_letter":
+                    raise
+                logger.error("events with an incompatible schema go to the dead-letter topic: %s", exc)
+                self.rejected_schemas[text] = str(exc)
+                continue
+            table = apply(table, evolution)
+            self.encodings.update({c.name: c.encoding for c in columns})
+            self.known_schemas.add(text)
+        self.columns = columns_for_table(table.schema(), self.encodings)
+
     def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
         cfg = self.config
-        changes = decode(records, self.columns, cfg.table.key, cfg.source.max_record_bytes).persist()
+        changes = decode(
+            records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas
+        ).persist()
         try:
             outcome = BatchOutcome()
             for row in (
@@ -338,7 +408,6 @@ class SinkJob:
                     cfg.write.page_size,
                 ),
             )
-            import json
 
             files = [
                 from_json(json.loads(r["file"]))

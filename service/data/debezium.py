@@ -163,10 +163,23 @@ def key_schema(key_columns: list[Column]) -> T.StructType:
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
 
 
-def decode(records: DataFrame, columns: list[Column], key: list[str], max_record_bytes: int) -> DataFrame:
+def schema_text(value: SparkColumn) -> SparkColumn:
+    """The event's ``schema`` section as normalised JSON text (one distinct value per schema version)."""
+    return F.get_json_object(value.cast("string"), "$.schema")
+
+
+def decode(
+    records: DataFrame,
+    columns: list[Column],
+    key: list[str],
+    max_record_bytes: int,
+    rejected_schemas: dict[str, str] | None = None,
+) -> DataFrame:
     """Kafka rows (key, value, topic, partition, offset, timestamp) → change rows with an error column.
 
     Tombstones are removed. The result keeps ``key`` and ``value`` for the dead-letter topic.
+    ``rejected_schemas`` maps schema texts (see :func:`schema_text`) to the reason their events are
+    dead-lettered (an incompatible schema change under ``on_incompatible_schema: dead_letter``).
     """
     by_name = {c.name: c for c in columns}
     key_columns = [by_name[k] for k in key]
@@ -199,6 +212,10 @@ def decode(records: DataFrame, columns: list[Column], key: list[str], max_record
     image = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
     values: dict[str, SparkColumn] = {}
     errors: list[SparkColumn] = [
+        *[
+            F.when(schema_text(F.col("value")) == F.lit(text), F.lit(f"incompatible schema change: {reason}"))
+            for text, reason in (rejected_schemas or {}).items()
+        ],
         F.when(
             F.length("value") > max_record_bytes,
             F.format_string(

@@ -22,10 +22,10 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import PrimitiveType
 
 from service.config import SinkConfig
 from service.data.columns import Column, SchemaError, iceberg_schema
+from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 
 logger = logging.getLogger(__name__)
 
@@ -75,23 +75,6 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     raise SchemaError(f"partition_by: unknown transform in {text!r}")
 
 
-def _check_columns(table: Table, columns: list[Column]) -> None:
-    """An existing table is used as it is; refuse columns that can't be written into it."""
-    schema = table.schema()
-    for column in columns:
-        try:
-            field = schema.find_field(column.name)
-        except ValueError:
-            raise SchemaError(
-                f"table {table.name()} has no column {column.name!r} (type {column.type}) that the events carry"
-            ) from None
-        if not isinstance(field.field_type, PrimitiveType) or field.field_type != column.type:
-            raise SchemaError(
-                f"column {column.name}: the events carry {column.type} but table {'.'.join(table.name())} "
-                f"has {field.field_type}"
-            )
-
-
 def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | None) -> Table:
     """Load the table, or create it (namespace too) from ``columns`` when allowed."""
     cfg = config.table
@@ -107,7 +90,9 @@ def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | N
             ) from None
         table = _create(catalog, config, columns)
     if columns:
-        _check_columns(table, columns)
+        evolution = plan(table.schema(), columns)
+        check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
+        table = apply(table, evolution)
     missing = [k for k in cfg.key if k not in {f.name for f in table.schema().fields}]
     if missing:
         raise SchemaError(f"key column(s) {missing} are not in table {cfg.identifier}")
