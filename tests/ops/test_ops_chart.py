@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     out = tmp_path_factory.mktemp("chart")
     res = subprocess.run(
         [str(REPO / "scripts" / "check-chart"), "--out", str(out)],
+        env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
         timeout=1800,  # the first run builds helm with `go install`
