@@ -193,7 +193,7 @@ class SinkConfig(_Section):
     kafka: KafkaConfig
     source: SourceConfig = SourceConfig()
     table: TableConfig
-    catalog: dict[str, str]
+    catalog: dict[str, Any]
     txnlog: TxnLogConfig
     commit: CommitConfig = CommitConfig()
     write: WriteConfig = WriteConfig()
@@ -204,17 +204,24 @@ class SinkConfig(_Section):
 
     @field_validator("catalog", mode="before")
     @classmethod
-    def _catalog_strings(cls, value: Any) -> dict[str, str]:
+    def _catalog_strings(cls, value: Any) -> dict[str, Any]:
+        """pyiceberg properties are strings, except nested mappings such as REST's ``auth`` section."""
         if not isinstance(value, Mapping):
             raise ValueError("catalog must be a mapping of pyiceberg catalog properties")
-        return {str(k): str(v) for k, v in value.items()}
+
+        def normalise(v: Any) -> Any:
+            if isinstance(v, Mapping):
+                return {str(k): normalise(x) for k, x in v.items()}
+            return str(v).lower() if isinstance(v, bool) else str(v)
+
+        return {str(k): normalise(v) for k, v in value.items()}
 
     @property
     def catalog_name(self) -> str:
-        return self.catalog.get("name", "default")
+        return str(self.catalog.get("name", "default"))
 
     @property
-    def catalog_properties(self) -> dict[str, str]:
+    def catalog_properties(self) -> dict[str, Any]:
         return {k: v for k, v in self.catalog.items() if k != "name"}
 
     @property
