@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap stack-up stack-down stack-status test chaos lint demo
+.PHONY: help bootstrap stack-up stack-down stack-status test chaos lint demo chart-check bench
 
 help:
 	@echo "make demo        install what is missing, start the local stack, run the sink demo"
@@ -33,12 +33,17 @@ chaos: bootstrap
 	dev/stack up
 	.venv/bin/pytest -m chaos tests/chaos $(PYTEST_ARGS)
 
+chart-check:
+	scripts/check-chart
+
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 	.venv/bin/mypy --strict dev/stack.py
 	.venv/bin/mypy --explicit-package-bases tests/conftest.py tests/readers.py tests/smoke
+	.venv/bin/mypy --explicit-package-bases tests/ops
+	shellcheck scripts/check-chart scripts/k8s-chaos.sh deploy/docker/*.sh
 
 demo: bootstrap
 	dev/stack up

@@ -44,6 +44,7 @@ from service.health import Health
 from service.iceberg.datafile_json import from_json
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog, parse_partition_field
+from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
@@ -251,6 +252,7 @@ class SinkJob:
             )
         query = writer.start()
         self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
+        lag_monitor = start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
         logger.info("consuming %s from %s", self.config.kafka.topics, start)
         try:
             while query.isActive and not self._stop_requested.is_set():
@@ -273,6 +275,7 @@ class SinkJob:
             raise
         finally:
             self.health.set_not_ready("stopped")
+            lag_monitor.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)
         if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
