@@ -32,7 +32,7 @@ from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, Pendi
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
-from txnlog import Lease, Phase, TransactionLog
+from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ def find_commit(table: Table, sink_id: str, snapshot_id: int | None, seq: int) -
 
 
 class Committer:
+    MAX_RELOCKS = 3
+
     def __init__(
         self,
         log: TransactionLog,
@@ -129,9 +131,31 @@ class Committer:
         if not pending.has_files:
             self.log.commit(self.lease, seq=seq)
             return CommitResult(seq, None, 0)
-        with self.log.committing(self.lease, seq=seq) as handle:
-            attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat)
-            failpoint("after_catalog_commit")
+        relocks = 0
+        while True:
+            try:
+                with self.log.committing(self.lease, seq=seq) as handle:
+                    attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat)
+                    failpoint("after_catalog_commit")
+                break
+            except LockLost as exc:
+                # The locked session is gone: reaped while this process was frozen or the catalog
+                # slow, or Postgres restarted. A replica that claimed meanwhile fences us (exit 3,
+                # counted); if we are still the live epoch, lock again (which re-checks the epoch)
+                # and look for the snapshot before any further attempt.
+                state = self.log.state(self.sink_id)
+                if state is not None and state.epoch != self.lease.epoch:
+                    raise Fenced(self.sink_id, self.lease.epoch, state.epoch, state.owner) from exc
+                relocks += 1
+                if relocks > self.MAX_RELOCKS:
+                    raise
+                logger.warning(
+                    "commit of seq %d: %s; still the live epoch: locking the sink row again (%d/%d)",
+                    seq,
+                    exc,
+                    relocks,
+                    self.MAX_RELOCKS,
+                )
         failpoint("after_log_commit")
         return CommitResult(seq, pending.snapshot_id, attempts)
 
