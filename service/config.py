@@ -145,13 +145,28 @@ class CommitConfig(_Section):
         return None if value is None else parse_duration(value)
 
 
+SUPPORTED_FORMATS = ("parquet",)
+
+
 class WriteConfig(_Section):
+    format: str = Field(default="parquet", description="Data file format; only parquet can be written.")
     target_file_size: int = 512 * 1024 * 1024
     compression: Literal["zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"] = "zstd"
     compression_level: int | None = None
     row_group_limit: int | None = Field(default=None, gt=0)
     page_size: int | None = None
     parallelism: int = Field(default=2, ge=1, description="Spark tasks that write files for one batch.")
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.lower() not in SUPPORTED_FORMATS:
+            raise ValueError(
+                f"{value!r} is not supported: icesink writes data and delete files with pyiceberg, whose "
+                f"only file writer is Parquet (supported: {', '.join(SUPPORTED_FORMATS)}); ORC and Avro data "
+                "files can't be written correctly with the libraries icesink uses"
+            )
+        return value.lower()
 
     @field_validator("target_file_size", "page_size", mode="before")
     @classmethod

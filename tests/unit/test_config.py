@@ -1,0 +1,95 @@
+"""Configuration loading: errors name the key; secrets come from the environment."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.config import ConfigError, load_config, parse_config
+from service.units import parse_duration, parse_size
+
+BASE: dict[str, Any] = {
+    "sink_id": "orders",
+    "kafka": {"bootstrap_servers": "k:9092", "topics": ["t"]},
+    "table": {"identifier": "ns.orders", "key": ["id"]},
+    "catalog": {"type": "rest", "uri": "http://c"},
+    "txnlog": {"dsn": "postgresql+psycopg://u@h/db"},
+}
+
+
+def with_(**sections: Any) -> dict[str, Any]:
+    return {**BASE, **sections}
+
+
+def test_defaults() -> None:
+    config = parse_config(BASE, env={})
+    assert config.table.mode.value == "upsert"
+    assert config.write.compression == "zstd" and config.write.target_file_size == 512 * 1024**2
+    assert config.dead_letter_topic == "orders.dlq"
+    assert config.commit.min_size is None and config.commit.max_period is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (with_(kafka={"bootstrap_server": "k", "topics": ["t"]}), "kafka.bootstrap_server: unknown key"),
+        (with_(surprise=1), "surprise: unknown key"),
+        ({k: v for k, v in BASE.items() if k != "txnlog"}, "txnlog: required key is missing"),
+        (with_(table={"identifier": "orders", "key": ["id"]}), "expected namespace.table"),
+        (with_(table={"identifier": "ns.t", "mode": "upsert"}), "upsert mode needs table.key"),
+        (with_(commit={"max_period": "soon"}), "not a duration"),
+        (with_(write={"target_file_size": "lots"}), "not a size"),
+        (with_(write={"format": "orc"}), "only file writer is Parquet"),
+        (with_(sink_id="has space"), "sink_id"),
+    ],
+)
+def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw, env={})
+
+
+def test_environment_references_and_overrides() -> None:
+    raw = with_(
+        catalog={
+            "type": "rest",
+            "uri": "http://c",
+            "credential": "${CLIENT}:${SECRET}",
+            "warehouse": "${WH:-main}",
+        }
+    )
+    config = parse_config(
+        raw,
+        env={"CLIENT": "id", "SECRET": "s3cr3t", "ICESINK_TXNLOG__DSN": "postgresql+psycopg://other@h/db"},
+    )
+    assert config.catalog["credential"] == "id:s3cr3t" and config.catalog["warehouse"] == "main"
+    assert config.txnlog.dsn == "postgresql+psycopg://other@h/db"
+    with pytest.raises(ConfigError, match=r"catalog\.credential: environment variable SECRET is not set"):
+        parse_config(raw, env={"CLIENT": "id"})
+
+
+def test_nested_catalog_properties_stay_mappings() -> None:
+    raw = with_(catalog={"type": "rest", "uri": "u", "auth": {"type": "basic", "basic": {"username": "a"}}})
+    assert parse_config(raw, env={}).catalog_properties["auth"] == {
+        "type": "basic",
+        "basic": {"username": "a"},
+    }
+
+
+def test_load_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sink_id: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_units() -> None:
+    assert parse_size("64MiB") == 64 * 1024**2 and parse_size("10MB") == 10**7 and parse_size(4096) == 4096
+    assert parse_duration("250ms") == timedelta(milliseconds=250) and parse_duration("5m") == timedelta(
+        minutes=5
+    )
+    assert parse_duration(3) == timedelta(seconds=3)
