@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -60,6 +61,17 @@ class StopRequested(RuntimeError):
 
 class SinkFenced(RuntimeError):
     """A newer replica took over; this one must stop without writing anything more."""
+
+
+def _brief(exc: BaseException) -> str:
+    """An error in one line: Spark wraps worker failures in pages of Java and Python stack traces."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
+    last = causes[-1] if causes else lines[-1]
+    first = lines[0][:300]
+    return f"{type(exc).__name__}: {first}" + (f" ... {last[:300]}" if last[:300] != first else "")
 
 
 def build_spark(config: SinkConfig) -> SparkSession:
@@ -332,8 +344,7 @@ class SinkJob:
         started = time.monotonic()
         records = reduce(DataFrame.unionAll, buffer.frames)
         try:
-            self._evolve(records)
-            pending, outcome = self._write(records, merge_offsets(self.offsets, buffer.offsets))
+            pending, outcome = self._prepare(records, merge_offsets(self.offsets, buffer.offsets))
             written = time.monotonic()
             self.metrics.write_duration.record(written - started, self.metrics.attrs())
             result = self.committer.commit(pending)
@@ -344,6 +355,37 @@ class SinkJob:
         self.cadence.committed(committed)
         self.offsets = pending.offsets
         self._record(pending, outcome, result.seq, written - started, committed - written, buffer.newest)
+
+    def _prepare(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
+        """Evolve the table and write the batch's files, retrying failures that are not the records' fault.
+
+        A batch that fails as a whole (catalog or object store down, the dead-letter topic refusing
+        writes) is retried with bounded exponential backoff, and its records are never dead-lettered
+        for it. Nothing is precommitted before this returns, so a retry is safe; the files of a failed
+        attempt are orphans (``icesink orphans``). After ``commit.retries`` attempts the error stops the
+        sink, and a restart resumes from the committed offsets.
+        """
+        attempts = max(1, self.config.commit.retries)
+        backoff = 1.0
+        for attempt in range(1, attempts + 1):
+            try:
+                self._evolve(records)
+                return self._write(records, offsets)
+            except (SchemaError, StopRequested):
+                raise
+            except Exception as exc:
+                if attempt == attempts:
+                    raise
+                logger.warning(
+                    "writing the batch failed (attempt %d/%d); retrying in %.0fs: %s",
+                    attempt,
+                    attempts,
+                    backoff,
+                    _brief(exc),
+                )
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+        raise AssertionError("unreachable")
 
     def _evolve(self, records: DataFrame) -> None:
         """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution)."""
@@ -387,8 +429,6 @@ class SinkJob:
                 else:
                     op = row[OP_COLUMN]
                     outcome.by_op[op] = outcome.by_op.get(op, 0) + row["count"]
-            if outcome.dead_letters:
-                self._dead_letter(changes.where(F.col(ERROR_COLUMN).isNotNull()))
             good = changes.where(F.col(ERROR_COLUMN).isNull())
             rows = latest_per_key(good, cfg.table.key) if self.upsert else good.where(F.col(OP_COLUMN) != "d")
             table = self.catalog.load_table(cfg.table.identifier)
@@ -416,6 +456,10 @@ class SinkJob:
                 from_json(json.loads(r["file"]))
                 for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
             ]
+            # Last, so that a batch retried because its files could not be written (catalog or object
+            # store down) does not send its dead letters twice.
+            if outcome.dead_letters:
+                self._dead_letter(changes.where(F.col(ERROR_COLUMN).isNotNull()))
         finally:
             changes.unpersist()
         data = [f for f in files if int(f.content) == 0]
