@@ -99,3 +99,16 @@ def test_sql_catalog_local_warehouse_bucketed_without_schema_section(
         m.partition_spec_id for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES
     }
     assert delete_specs == {table.spec().spec_id}
+
+
+def test_time_and_truncate_transforms(make_sink: Any, spark: Any) -> None:
+    """month/day/hour/truncate partitions on non-key columns: rows move between partitions on update."""
+    sink: Sink = make_sink(partition_by=["month(birthday)", "truncate(3, name)"], keys=60)
+    sink.produce(400)
+    sink.run_until_caught_up()
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+    table = _catalog(sink).load_table(sink.table)
+    assert [f.transform.__class__.__name__ for f in table.spec().fields] == [
+        "MonthTransform",
+        "TruncateTransform",
+    ]

@@ -1,0 +1,123 @@
+"""Column mapping, partition parsing and the DataFile JSON round trip (no servers)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.typedef import Record
+from pyiceberg.types import DecimalType, LongType, TimestampType, TimestamptzType, UUIDType
+
+from service.data.columns import (
+    Encoding,
+    SchemaError,
+    column_from_config,
+    column_from_connect,
+    iceberg_schema,
+    parse_iceberg_type,
+)
+from service.iceberg.datafile_json import from_json, to_json
+from service.iceberg.tables import parse_partition_field
+
+
+def test_connect_logical_types() -> None:
+    dec = column_from_connect(
+        {
+            "field": "a",
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+            "optional": True,
+        }
+    )
+    assert dec.type == DecimalType(12, 2) and dec.encoding is Encoding.DECIMAL_BASE64 and not dec.required
+    ts = column_from_connect(
+        {"field": "t", "type": "int64", "name": "io.debezium.time.Timestamp", "optional": False}
+    )
+    assert ts.type == TimestampType() and ts.encoding is Encoding.TIMESTAMP_MILLIS and ts.required
+    tz = column_from_connect({"field": "z", "type": "string", "name": "io.debezium.time.ZonedTimestamp"})
+    assert tz.type == TimestamptzType()
+    assert (
+        column_from_connect({"field": "u", "type": "string", "name": "io.debezium.data.Uuid"}).type
+        == UUIDType()
+    )
+    assert column_from_connect({"field": "n", "type": "int64"}).type == LongType()
+    with pytest.raises(SchemaError, match="VariableScaleDecimal"):
+        column_from_connect({"field": "v", "type": "struct", "name": "io.debezium.data.VariableScaleDecimal"})
+
+
+def test_configured_columns() -> None:
+    assert parse_iceberg_type("decimal(10, 2)") == DecimalType(10, 2)
+    with pytest.raises(SchemaError, match="unknown column type"):
+        parse_iceberg_type("varchar")
+    col = column_from_config("t", "timestamp", False, "io.debezium.time.Timestamp")
+    assert col.encoding is Encoding.TIMESTAMP_MILLIS
+    with pytest.raises(SchemaError, match="unknown encoding"):
+        column_from_config("t", "timestamp", False, "epoch-fortnights")
+
+
+def test_key_columns_become_required_identifier_fields() -> None:
+    schema = iceberg_schema(
+        [column_from_config("id", "long", False, None), column_from_config("v", "string", False, None)],
+        ["id"],
+    )
+    assert schema.find_field("id").required and schema.identifier_field_ids == [1]
+    with pytest.raises(SchemaError, match="key column"):
+        iceberg_schema([column_from_config("v", "string", False, None)], ["id"])
+
+
+@pytest.mark.parametrize(
+    ("text", "column", "transform"),
+    [
+        ("country", "country", IdentityTransform()),
+        ("year(ts)", "ts", YearTransform()),
+        ("month(ts)", "ts", MonthTransform()),
+        ("day(ts)", "ts", DayTransform()),
+        ("hour(ts)", "ts", HourTransform()),
+        ("bucket(16, id)", "id", BucketTransform(16)),
+        ("truncate(4, name)", "name", TruncateTransform(4)),
+    ],
+)
+def test_partition_fields(text: str, column: str, transform: object) -> None:
+    assert parse_partition_field(text) == (column, transform)
+
+
+def test_bad_partition_field() -> None:
+    with pytest.raises(SchemaError, match="partition_by"):
+        parse_partition_field("bucket(id)")
+
+
+def test_datafile_json_round_trip() -> None:
+    original = DataFile.from_args(
+        content=DataFileContent.EQUALITY_DELETES,
+        file_path="s3://b/t/data/x.parquet",
+        file_format=FileFormat.PARQUET,
+        partition=Record(7, "fr", Decimal("1.50"), b"\x00\x01"),
+        record_count=3,
+        file_size_in_bytes=1234,
+        column_sizes={1: 10},
+        value_counts={1: 3},
+        null_value_counts={1: 0},
+        nan_value_counts={},
+        lower_bounds={1: b"\x01"},
+        upper_bounds={1: b"\x09"},
+        split_offsets=[4],
+        equality_ids=[1],
+        sort_order_id=None,
+        key_metadata=None,
+    )
+    original.spec_id = 3
+    restored = from_json(to_json(original))
+    assert restored.spec_id == 3 and restored.equality_ids == [1] and restored.content == original.content
+    assert [restored.partition[i] for i in range(4)] == [7, "fr", Decimal("1.50"), b"\x00\x01"]
+    assert restored.lower_bounds == {1: b"\x01"} and restored.file_size_in_bytes == 1234
