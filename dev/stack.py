@@ -138,8 +138,8 @@ def stamp_ok(stamp: Path, value: str) -> bool:
     return stamp.is_file() and stamp.read_text().strip() == value
 
 
-def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=True, text=True, **kwargs)  # type: ignore[call-overload]
+def run(argv: list[str]) -> None:
+    subprocess.run(argv, check=True)
 
 
 def java_home() -> Path:
