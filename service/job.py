@@ -267,17 +267,20 @@ class SinkJob:
         lag_monitor = start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
         logger.info("consuming %s from %s", self.config.kafka.topics, start)
         try:
-            while query.isActive and not self._stop_requested.is_set():
-                query.awaitTermination(1)
-            if query.isActive:
-                logger.info("stop requested: finishing the batch in flight, then stopping")
-                with self._batch_lock:
-                    query.stop()
             try:
+                # A batch that starts after a stop request fails the query on purpose (StopRequested),
+                # possibly while this loop still waits: that is the graceful path too.
+                while query.isActive and not self._stop_requested.is_set():
+                    query.awaitTermination(1)
+                if query.isActive:
+                    logger.info("stop requested: finishing the batch in flight, then stopping")
+                    with self._batch_lock:
+                        query.stop()
                 query.awaitTermination()
             except Exception:
                 if not isinstance(self.fatal, StopRequested):
                     raise
+                logger.info("stop requested: stopped after the batch in flight")
             if self.fatal is None or isinstance(self.fatal, StopRequested):
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
