@@ -41,6 +41,14 @@ def _decimal_b64(value: Decimal, scale: int = 2) -> str:
     return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
 
 
+def table_columns() -> list[dict[str, Any]]:
+    """The sample table as ``table.columns`` configuration, for events without a schema section."""
+    from service.data.columns import column_from_connect
+
+    columns = [column_from_connect(field) for field in COLUMNS_SCHEMA]
+    return [{"name": c.name, "type": str(c.type), "required": c.required} for c in columns]
+
+
 def envelope_schema(table: str) -> dict[str, Any]:
     row = {"type": "struct", "optional": True, "name": f"{table}.Value", "fields": COLUMNS_SCHEMA}
     return {

@@ -9,6 +9,7 @@ from typing import Any
 from pyiceberg.catalog import load_catalog
 from pyiceberg.manifest import ManifestContent
 
+from service.sample import table_columns
 from tests.readers import duckdb_connect
 from tests.sink.conftest import Sink
 from tests.sink.expect import appended_rows, assert_rows, assert_seqs_increasing, diff, sink_snapshots
@@ -58,20 +59,10 @@ def test_sql_catalog_local_warehouse_bucketed_without_schema_section(
     """
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
-    columns = [
-        {"name": "id", "type": "long", "required": True},
-        {"name": "name", "type": "string"},
-        {"name": "country", "type": "string"},
-        {"name": "amount", "type": "decimal(10,2)"},
-        {"name": "birthday", "type": "date"},
-        {"name": "updated_at", "type": "timestamp"},
-        {"name": "active", "type": "boolean"},
-        {"name": "version", "type": "int"},
-    ]
     sink: Sink = make_sink(
         partition_by=["bucket(4, id)"],
         with_schema=False,
-        columns=columns,
+        columns=table_columns(),
         catalog={
             "name": "sql",
             "type": "sql",
