@@ -1,0 +1,1 @@
+"""icesink benchmarks: `python -m bench --size small|medium|large` (see docs/performance.md)."""

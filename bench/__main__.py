@@ -1,0 +1,421 @@
+"""`python -m bench --size small|medium|large`: icesink against its baselines, side by side, in one run.
+
+Every configuration reads the same events, produced to Kafka before any timing starts. Throughput is
+the steady rate after the first batch (the first one pays for the JVM's warm-up, reported separately
+as the cold rate); freshness runs the sink as a service while a producer writes at a steady rate.
+Runs one after the other, never at the same time, so they do not share the two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import baselines, figures, readside, report
+from bench.sink import Sink, sink_config, snapshots, unique
+from bench.stack import REPO, Stack, load_stack, machine, spark_session
+from bench.workload import SteadyProducer, Workload, ensure_topic, produce, record_times
+
+ALL = ("icesink-upsert", "icesink-append", "merge-into", "spark-append", "ceiling", "freshness", "read-side")
+
+
+@dataclass(frozen=True)
+class Size:
+    events: int
+    keys: int
+    batch: int  # max_offsets_per_trigger (and the baselines' maxOffsetsPerTrigger)
+    freshness_s: int  # seconds of steady production
+    read_commits: int
+    read_events_per_commit: int
+    parts: tuple[str, ...]
+
+
+SIZES = {
+    "small": Size(24_000, 6_000, 6_000, 0, 0, 0, ALL[:5]),
+    "medium": Size(200_000, 40_000, 50_000, 40, 30, 1_000, ALL),
+    "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, ALL),
+}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, stack: Stack, size: Size, args: argparse.Namespace, workdir: Path) -> None:
+        self.stack, self.size, self.args, self.workdir = stack, size, args, workdir
+        self.partitions = args.partitions
+        self.variants = {
+            label: Path(path).resolve() for label, path in (v.split("=", 1) for v in args.variant or [])
+        }
+        self.spark: Any = None
+        self.results: dict[str, Any] = {"runs": {}}
+
+    def session(self) -> Any:
+        if self.spark is None:
+            log("starting the baselines' Spark session")
+            self.spark = spark_session(self.stack)
+        return self.spark
+
+    # -- the workload ------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        log(f"generating {self.size.events:,} events over {self.size.keys:,} keys")
+        self.workload = Workload(keys=self.size.keys, seed=self.args.seed)
+        self.workload.generate(self.size.events)
+        self.topic = unique("bench_cdc")
+        ensure_topic(self.stack.kafka, self.topic, self.partitions)
+        took = produce(self.stack.kafka, self.topic, self.workload.events)
+        self.value_bytes = self.workload.value_bytes / len(self.workload.events)
+        log(f"produced to {self.topic} in {took:.1f}s (mean value {self.value_bytes:.0f} bytes)")
+        self.results["workload"] = {
+            "events": len(self.workload.events),
+            "keys": self.size.keys,
+            "mean_value_bytes": round(self.value_bytes, 1),
+            "live_rows": len(self.workload.live),
+            "appended_rows": self.workload.appended,
+            "ops": {op: sum(1 for e in self.workload.events if e.op == op) for op in "cud"},
+            "partitions": self.partitions,
+        }
+
+    # -- icesink -----------------------------------------------------------------------------------
+
+    def icesink(self, mode: str, repo: Path = REPO) -> dict[str, Any]:
+        name = unique(f"bench_{mode}")
+        table = f"{name}.t"
+        config = sink_config(self.stack, name, self.topic, table, mode, self.size.batch, 1)
+        sink = Sink(self.stack, self.workdir, name, config, repo)
+        log(f"icesink {mode} from {repo}: {name} (log {sink.run.log_path})")
+        sink.start("--until-caught-up")
+        run = sink.wait(timeout=3600)
+        snaps = [s for s in snapshots(self.stack, table) if s["seq"] is not None]
+        commits = [(b.committed_at, b.records) for b in run.batches]
+        rate = figures.steady_rate(commits)
+        events = sum(b.records for b in run.batches)
+        expected = len(self.workload.live) if mode == "upsert" else self.workload.appended
+        counted = self.count(table) if not self.args.no_check else None
+        if counted is not None and counted != expected:
+            raise AssertionError(f"icesink {mode}: table has {counted} rows, the model says {expected}")
+        return {
+            "throughput": {
+                "events": events,
+                "batches": len(run.batches),
+                "events_per_s": rate,
+                "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
+                "cold_events_per_s": events / run.wall_s,
+                "wall_s": run.wall_s,
+                "batch_s": figures.summarise([b.write_s + b.commit_s for b in run.batches]),
+                "write_s": figures.summarise([b.write_s for b in run.batches]),
+                "commit_s": figures.summarise([b.commit_s for b in run.batches]),
+                "data_files": sum(s["data_files"] for s in snaps),
+                "delete_files": sum(s["delete_files"] for s in snaps),
+                "bytes_written": sum(s["bytes"] for s in snaps),
+                "rows_checked": counted,
+            },
+            "memory": run.memory,
+        }
+
+    def count(self, table: str) -> int:
+        from tests.readers import duckdb_connect
+
+        con = duckdb_connect()
+        try:
+            quoted = ".".join(['"cat"', *[f'"{p}"' for p in table.split(".")]])
+            row = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()
+            return int(row[0]) if row else 0
+        finally:
+            con.close()
+
+    # -- baselines ---------------------------------------------------------------------------------
+
+    def baseline(self, kind: str) -> dict[str, Any]:
+        spark = self.session()
+        stream = baselines.SparkStream(spark, self.stack, kind, self.topic, unique("bench_base"))
+        log(f"baseline {kind}: {stream.table}")
+        stream.start(self.size.batch, None)
+        run = stream.wait(timeout=3600)
+        commits = [(b.committed_at, b.records) for b in run.batches]
+        rate = figures.steady_rate(commits)
+        events = sum(b.records for b in run.batches)
+        counted = baselines.table_count(spark, stream.table) if not self.args.no_check else None
+        expected = len(self.workload.live) if kind == "merge" else self.workload.appended
+        if counted is not None and counted != expected:
+            raise AssertionError(f"baseline {kind}: table has {counted} rows, the model says {expected}")
+        return {
+            "throughput": {
+                "events": events,
+                "batches": len(run.batches),
+                "events_per_s": rate,
+                "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
+                "cold_events_per_s": events / run.wall_s,
+                "wall_s": run.wall_s,
+                "batch_s": figures.summarise([b.duration_s for b in run.batches]),
+                "rows_checked": counted,
+            }
+        }
+
+    def ceiling(self) -> dict[str, Any]:
+        log("ceiling: decode + latest per key + Parquet, from memory")
+        out = baselines.ceiling(self.session(), self.stack, self.topic, repeats=3)
+        best = sorted(out["times_s"])[len(out["times_s"]) // 2]
+        rate = out["events"] / best
+        return {
+            "throughput": {
+                "events": out["events"],
+                "events_per_s": rate,
+                "mb_per_s": rate * self.value_bytes / 1e6,
+                "batch_s": figures.summarise(out["times_s"]),
+            }
+        }
+
+    # -- freshness ---------------------------------------------------------------------------------
+
+    def freshness(self, who: str) -> dict[str, Any]:
+        rate, period = self.args.rate, self.args.period
+        topic = unique("bench_fresh")
+        ensure_topic(self.stack.kafka, topic, self.partitions)
+        workload = Workload(keys=self.size.keys, seed=self.args.seed + 1)
+        produce(self.stack.kafka, topic, workload.generate(5_000))  # warm-up: the first batch
+        steady = workload.generate(int(rate * self.size.freshness_s))
+        log(f"freshness {who}: {len(steady):,} events at {rate:,}/s, commit period {period}s")
+        if who == "icesink":
+            name = unique("bench_fresh")
+            config = sink_config(self.stack, name, topic, f"{name}.t", "upsert", None, period)
+            sink = Sink(self.stack, self.workdir, name, config)
+            sink.start()
+            self._wait(lambda: bool(sink.batches()) or not sink.alive(), 600, "the first commit")
+            if not sink.alive():
+                raise RuntimeError(f"icesink stopped:\n{sink.run.log_tail()}")
+        else:
+            stream = baselines.SparkStream(self.session(), self.stack, "merge", topic, unique("bench_fresh"))
+            stream.start(None, period)
+            self._wait(lambda: bool(baselines._progress_batches(stream.query)), 600, "the first batch")
+        producer = SteadyProducer(self.stack.kafka, topic, steady, rate)
+        producer.start()
+        producer.join()
+        if producer.error:
+            raise producer.error
+        total = 5_000 + len(steady)
+        if who == "icesink":
+            table = f"{name}.t"
+
+            def committed() -> int:
+                snaps = [s for s in snapshots(self.stack, table) if s["offsets"]]
+                return sum(int(v) for v in snaps[-1]["offsets"].get(topic, {}).values()) if snaps else 0
+
+            self._wait(
+                lambda: committed() >= total, self.args.drain_timeout, "the sink to catch up", fail=False
+            )
+            run = sink.stop()
+            seq_time = {b.seq: b.committed_at for b in run.batches}
+            commits = [
+                (seq_time[s["seq"]], {int(p): int(o) for p, o in s["offsets"].get(topic, {}).items()})
+                for s in snapshots(self.stack, table)
+                if s["seq"] in seq_time
+            ]
+            batch_s = [b.write_s + b.commit_s for b in run.batches[1:]]
+            memory = run.memory
+        else:
+
+            def committed() -> int:
+                return sum(int(v) for v in stream.committed_offsets().get(topic, {}).values())
+
+            self._wait(lambda: committed() >= total, self.args.drain_timeout, "MERGE to catch up", fail=False)
+            srun = stream.stop()
+            commits = [
+                (b.committed_at, {int(p): int(o) for p, o in (b.end_offsets or {}).get(topic, {}).items()})
+                for b in srun.batches
+            ]
+            batch_s = [b.duration_s for b in srun.batches[1:]]
+            memory = {}
+        times = record_times(self.stack.kafka, topic)
+        values, missing = figures.freshness(times, commits, producer.started_at or 0)
+        return {
+            "freshness": {
+                "rate": rate,
+                "commit_period_s": period,
+                "events": len(steady),
+                "producer_behind_s": producer.behind_s,
+                "freshness_s": figures.summarise(values),
+                "not_committed": missing,
+                "batch_s": figures.summarise(batch_s),
+            },
+            **({"memory": memory} if memory else {}),
+        }
+
+    @staticmethod
+    def _wait(done: Any, timeout: float, what: str, fail: bool = True) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if done():
+                return
+            time.sleep(1)
+        if fail:
+            raise TimeoutError(f"waited {timeout}s for {what}")
+        log(f"gave up waiting for {what} after {timeout}s")
+
+    # -- read side ---------------------------------------------------------------------------------
+
+    def read_side(self) -> dict[str, Any]:
+        commits, per = self.size.read_commits, self.size.read_events_per_commit
+        topic = unique("bench_read")
+        ensure_topic(self.stack.kafka, topic, self.partitions)
+        workload = Workload(keys=max(per * 5, 5_000), seed=self.args.seed + 2)
+        produce(self.stack.kafka, topic, workload.generate(commits * per))
+        name = unique("bench_read")
+        table = f"{name}.t"
+        log(f"read side: {commits} commits of {per} events into {table}")
+        config = sink_config(self.stack, name, topic, table, "upsert", per, 1)
+        sink = Sink(self.stack, self.workdir, name, config)
+        sink.start("--until-caught-up")
+        sink.wait(timeout=3600)
+        spark = self.session()
+        before = readside.scan_times(spark, self.stack, table)
+        if before["rows"] != len(workload.live):
+            raise AssertionError(f"read side: {before['rows']} rows, the model says {len(workload.live)}")
+        compaction_s = readside.compact(spark, table)
+        after = readside.scan_times(spark, self.stack, table)
+        if after["rows"] != before["rows"]:
+            raise AssertionError(f"compaction changed the row count: {before['rows']} → {after['rows']}")
+        return {
+            "commits": before["snapshots"],
+            "events_per_commit": per,
+            "before": before,
+            "after": after,
+            "compaction_s": compaction_s,
+        }
+
+    # -- all of it ---------------------------------------------------------------------------------
+
+    def run(self, parts: list[str]) -> dict[str, Any]:
+        r = self.results
+        r["load_start"] = [round(x, 2) for x in os.getloadavg()]
+        r["machine"] = machine()
+        r["params"] = {
+            "size": self.args.size,
+            **{k: v for k, v in self.size.__dict__.items() if k != "parts"},
+            "partitions": self.partitions,
+            "freshness_rate": self.args.rate,
+            "commit_period_s": self.args.period,
+            "parts": parts,
+        }
+        r["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        started = time.monotonic()
+        throughput_parts = [p for p in parts if p not in ("freshness", "read-side")]
+        if throughput_parts:
+            self.prepare()
+        runs = r["runs"]
+        for part in throughput_parts:
+            load = os.getloadavg()[0]
+            if part in ("icesink-upsert", "icesink-append"):
+                mode = part.split("-", 1)[1]
+                runs[part] = self.icesink(mode)
+                for label, repo in self.variants.items():
+                    key = f"{part}@{label}"
+                    runs[key] = self.icesink(mode, repo)
+                    runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
+                    log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+            elif part == "merge-into":
+                runs[part] = self.baseline("merge")
+            elif part == "spark-append":
+                runs[part] = self.baseline("append")
+            elif part == "ceiling":
+                runs[part] = self.ceiling()
+            runs[part]["load_1m"] = round(load, 2)
+            log(f"{part}: {runs[part]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+        if "freshness" in parts:
+            for who, key in (("icesink", "icesink-upsert"), ("merge", "merge-into")):
+                runs.setdefault(key, {}).update(self.freshness(who))
+        if "read-side" in parts:
+            r["read_side"] = self.read_side()
+        r["ratios"] = self.ratios()
+        r["load_end"] = [round(x, 2) for x in os.getloadavg()]
+        r["duration_s"] = round(time.monotonic() - started, 1)
+        return r
+
+    def ratios(self) -> dict[str, str]:
+        runs = self.results["runs"]
+
+        def rate(name: str) -> float | None:
+            return runs.get(name, {}).get("throughput", {}).get("events_per_s")
+
+        out = {}
+        pairs = [
+            ("icesink-upsert", "merge-into", "upsert vs MERGE INTO (target ≥ 5x)"),
+            ("icesink-append", "spark-append", "append vs Spark writeStream"),
+            ("ceiling", "icesink-upsert", "ceiling vs icesink upsert (target ≤ 3x)"),
+        ]
+        for a, b, label in pairs:
+            if rate(a) and rate(b):
+                out[label] = f"{rate(a) / rate(b):.2f}x"  # type: ignore[operator]
+        fresh = runs.get("icesink-upsert", {}).get("freshness")
+        if fresh and fresh["freshness_s"]["p99"] is not None:
+            out["icesink freshness p99 / commit period (target ≤ 2)"] = (
+                f"{fresh['freshness_s']['p99'] / fresh['commit_period_s']:.2f}"
+            )
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--size", choices=sorted(SIZES), default="small")
+    p.add_argument(
+        "--only", help=f"comma-separated parts to run (default: the size's); any of {','.join(ALL)}"
+    )
+    p.add_argument("--rate", type=int, default=10_000, help="steady produce rate for freshness (events/s)")
+    p.add_argument(
+        "--period", type=float, default=5.0, help="commit period (trigger interval) for freshness, s"
+    )
+    p.add_argument("--partitions", type=int, default=2, help="Kafka partitions of the bench topics")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="LABEL=PATH",
+        help="also run icesink from another checkout (e.g. a git worktree with a change), side by side",
+    )
+    p.add_argument("--drain-timeout", type=float, default=300)
+    p.add_argument("--no-check", action="store_true", help="skip the row-count check of each table")
+    p.add_argument("--out", default="bench/results", help="directory for <size>-<time>.json/.png and logs")
+    args = p.parse_args(argv)
+    size = SIZES[args.size]
+    parts = args.only.split(",") if args.only else list(size.parts)
+    unknown = [x for x in parts if x not in ALL]
+    if unknown:
+        p.error(f"unknown part(s): {', '.join(unknown)}")
+    if ("freshness" in parts and not size.freshness_s) or ("read-side" in parts and not size.read_commits):
+        size = Size(
+            **{
+                **size.__dict__,
+                "freshness_s": size.freshness_s or 20,
+                "read_commits": size.read_commits or 10,
+                "read_events_per_commit": size.read_events_per_commit or 1_000,
+            }
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{stamp}-", dir=out))
+    stack = load_stack()
+    bench = Bench(stack, size, args, workdir)
+    try:
+        results = bench.run(parts)
+    finally:
+        if bench.spark is not None:
+            bench.spark.stop()
+    base = out / f"{args.size}-{stamp}"
+    report.write_json(results, base.with_suffix(".json"))
+    report.plot(results, base.with_suffix(".png"))
+    print(report.table(results))
+    print(f"\nwrote {base}.json and {base}.png (sink configs and logs in {workdir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""icesink end to end: `icesink run` as its own process on a topic filled before timing starts.
+
+Per batch, the sink's JSON log says when the commit finished, how many records it held and how long
+writing and committing took; the table's snapshot summaries say which Kafka offsets each commit
+covers (``icesink.offsets``) and how many data and delete files it added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.procmem import PeakMemory
+from bench.stack import REPO, Stack
+from bench.workload import COLUMNS
+
+_COMMITTED = "committed seq "
+
+
+@dataclass
+class Batch:
+    seq: int
+    committed_at: float  # wall clock, after the txnlog commit
+    records: int
+    write_s: float
+    commit_s: float
+
+
+@dataclass
+class SinkRun:
+    name: str
+    table: str
+    log_path: Path
+    wall_s: float = 0.0
+    exit_code: int | None = None
+    batches: list[Batch] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0
+
+    def log_tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:]
+
+
+def sink_config(
+    stack: Stack,
+    name: str,
+    topic: str,
+    table: str,
+    mode: str,
+    max_offsets: int | None,
+    trigger_s: float,
+    parallelism: int = 2,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "sink_id": name,
+        "kafka": {"bootstrap_servers": stack.kafka, "topics": [topic]},
+        "table": {"identifier": table, "key": ["id"], "mode": mode, "columns": COLUMNS},
+        "catalog": {"name": "rest", "type": "rest", **stack.catalog_properties()},
+        "txnlog": {"dsn": stack.pg_dsn},
+        "commit": {"trigger_interval": f"{trigger_s}s"},
+        "write": {"parallelism": parallelism},
+        "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "2g"}},
+        "log": {"format": "json"},
+    }
+    if max_offsets:
+        config["kafka"]["max_offsets_per_trigger"] = max_offsets
+    for section, values in (extra or {}).items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    return config
+
+
+def parse_batches(log: str) -> list[Batch]:
+    batches = []
+    for line in log.splitlines():
+        if not line.startswith("{") or _COMMITTED not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        message = entry.get("message", "")
+        if not message.startswith(_COMMITTED):
+            continue
+        # "... write 1.23s, commit 0.45s"
+        tail = message.rsplit("write ", 1)[1]
+        write_s = float(tail.split("s,", 1)[0])
+        commit_s = float(tail.rsplit("commit ", 1)[1].rstrip("s"))
+        batches.append(
+            Batch(
+                seq=int(entry["seq"]),
+                committed_at=datetime.fromisoformat(entry["time"]).timestamp(),
+                records=int(entry["records"]),
+                write_s=write_s,
+                commit_s=commit_s,
+            )
+        )
+    return batches
+
+
+class Sink:
+    """One icesink process: ``start`` → (``wait`` | ``stop``)."""
+
+    def __init__(
+        self, stack: Stack, workdir: Path, label: str, config: dict[str, Any], repo: Path = REPO
+    ) -> None:
+        self.stack = stack
+        self.repo = repo  # the checkout whose icesink runs (another one for side-by-side variants)
+        self.config = config
+        self.path = workdir / f"{label}.yaml"
+        self.path.write_text(yaml.safe_dump(config))
+        self.run = SinkRun(label, config["table"]["identifier"], workdir / f"{label}.log")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.memory: PeakMemory | None = None
+
+    def start(self, *args: str) -> None:
+        env = {**os.environ, "TMPDIR": tempfile.gettempdir()}
+        if self.repo != REPO:  # the driver and Spark's Python workers import this checkout's service
+            env["PYTHONPATH"] = os.pathsep.join([str(self.repo), env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            )
+        self.run.started_at = time.time()
+        self._t0 = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "run", "--config", str(self.path), *args],
+            cwd=self.repo,
+            stdout=self.run.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.memory = PeakMemory(self.process.pid)
+        self.memory.start()
+
+    def batches(self) -> list[Batch]:
+        return parse_batches(self.run.log_path.read_text(errors="replace"))
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait(self, timeout: float) -> SinkRun:
+        assert self.process is not None and self.memory is not None
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise RuntimeError(
+                f"icesink {self.run.name} did not finish in {timeout}s:\n{self.run.log_tail()}"
+            ) from None
+        return self._finish()
+
+    def stop(self, timeout: float = 120) -> SinkRun:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def _finish(self) -> SinkRun:
+        assert self.process is not None and self.memory is not None
+        self.run.wall_s = time.monotonic() - self._t0
+        self.run.exit_code = self.process.returncode
+        self.run.memory = self.memory.stop()
+        self.run.batches = self.batches()
+        if self.run.exit_code != 0:
+            raise RuntimeError(f"icesink {self.run.name} exited {self.run.exit_code}:\n{self.run.log_tail()}")
+        return self.run
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+
+def snapshots(stack: Stack, table: str) -> list[dict[str, Any]]:
+    """The table's snapshots, oldest first: sequence, commit offsets, files added."""
+    t = stack.catalog().load_table(table)
+    out = []
+    for s in t.metadata.snapshots:
+        summary = s.summary.additional_properties if s.summary is not None else {}
+        out.append(
+            {
+                "snapshot_id": s.snapshot_id,
+                "timestamp": s.timestamp_ms / 1000,
+                "seq": int(summary["icesink.seq"]) if "icesink.seq" in summary else None,
+                "offsets": json.loads(summary["icesink.offsets"]) if "icesink.offsets" in summary else None,
+                "data_files": int(summary.get("added-data-files", 0)),
+                "delete_files": int(summary.get("added-delete-files", 0)),
+                "data_rows": int(summary.get("added-records", 0)),
+                "delete_rows": int(summary.get("added-equality-deletes", 0))
+                + int(summary.get("added-position-deletes", 0)),
+                "bytes": int(summary.get("added-files-size", 0)),
+            }
+        )
+    return out
