@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTEST_ARGS ?=
+BENCH_ARGS ?= --size small
 
 .PHONY: help bootstrap stack-up stack-down stack-status test chaos lint demo chart-check bench
 
@@ -9,6 +10,7 @@ help:
 	@echo "make demo        install what is missing, start the local stack, run the sink demo"
 	@echo "make test        install what is missing, start the local stack, run the test suite"
 	@echo "make chaos       the fault-injection suite (kills, zombies, outages; ~15 min; restarts servers)"
+	@echo "make bench       icesink vs MERGE INTO / writeStream / the ceiling (BENCH_ARGS=\"--size medium\")"
 	@echo "make lint        ruff + mypy"
 	@echo "make bootstrap   apt packages, .venv, dev stack downloads (idempotent)"
 	@echo "make stack-up / stack-down / stack-status"
@@ -32,6 +34,10 @@ test: bootstrap
 chaos: bootstrap
 	dev/stack up
 	.venv/bin/pytest -m chaos tests/chaos $(PYTEST_ARGS)
+
+bench: bootstrap
+	dev/stack up
+	.venv/bin/python -m bench $(BENCH_ARGS)
 
 chart-check:
 	scripts/check-chart
