@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial, reduce
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
@@ -48,6 +49,7 @@ from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog, p
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
+from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,28 @@ def _brief(exc: BaseException) -> str:
     last = causes[-1] if causes else lines[-1]
     first = lines[0][:300]
     return f"{type(exc).__name__}: {first}" + (f" ... {last[:300]}" if last[:300] != first else "")
+
+
+REQUEST_TIMEOUT_PROPERTY = "icesink.request-timeout"  # catalog property, a duration (default 60s)
+
+
+def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
+    """Give the REST catalog's HTTP requests a timeout; pyiceberg sets none.
+
+    A catalog that accepts a request and never answers would otherwise stall the sink for good. A
+    commit that times out is an unknown outcome: the Committer looks for its snapshot, then retries.
+    """
+    session = getattr(catalog, "_session", None)
+    if session is None:
+        return
+    send = session.request
+
+    def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = timeout_s
+        return send(method, url, *args, **kwargs)
+
+    session.request = request
 
 
 def build_spark(config: SinkConfig) -> SparkSession:
@@ -173,6 +197,9 @@ class SinkJob:
         )
         self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
         self.catalog = open_catalog(config)
+        bound_catalog_requests(
+            self.catalog, parse_duration(config.catalog.get(REQUEST_TIMEOUT_PROPERTY, "60s")).total_seconds()
+        )
         self.fatal: BaseException | None = None
         self._batch_lock = threading.Lock()
         self._buffer = _Buffer()
