@@ -1,8 +1,9 @@
 """The catalog misbehaves while the sink runs: lost acknowledgements and a concurrent writer.
 
 * Lost acknowledgement: a fault-injecting proxy (tests/chaos/proxy.py) in front of the REST catalog
-  forwards a commit — it lands — and then answers 502, drops the connection, or hangs and drops it.
-  The sink must find its snapshot in the table and not write it twice.
+  forwards a commit — it lands — and then answers 502, drops the connection, or never answers (the
+  sink's request times out after ``icesink.request-timeout``). The sink must find its snapshot in the
+  table and not write it twice.
 * Conflicts: another writer (a plain pyiceberg append) commits to the same table while the sink runs,
   once exactly while the sink's commit is held at a fail point. The sink's commit conflicts, is
   rebuilt on the new parent, and neither side loses rows.
@@ -22,7 +23,7 @@ from tests.chaos import harness as h
 from tests.chaos.proxy import FaultProxy
 from tests.sink.conftest import Sink
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]  # slow machines: beyond the default 900 s
 
 
 def catalog_config(stack: Any, uri: str) -> dict[str, str]:
@@ -38,11 +39,10 @@ def catalog_config(stack: Any, uri: str) -> dict[str, str]:
 
 
 def test_lost_acknowledgements_are_not_committed_twice(make_sink: Any, spark: Any, stack: Any) -> None:
-    proxy = FaultProxy(stack.rest_uri, hang_s=15)
+    proxy = FaultProxy(stack.rest_uri, hang_s=40)
     try:
-        sink: Sink = make_sink(
-            keys=200, commit={"trigger_interval": "500ms"}, catalog=catalog_config(stack, proxy.url)
-        )
+        catalog = {**catalog_config(stack, proxy.url), "icesink.request-timeout": "5s"}
+        sink: Sink = make_sink(keys=200, commit={"trigger_interval": "500ms"}, catalog=catalog)
         sink.produce(300)
         with h.BackgroundProducer(sink, batch=20, pause=0.5):
             run = h.start(sink)
@@ -56,6 +56,7 @@ def test_lost_acknowledgements_are_not_committed_twice(make_sink: Any, spark: An
         log = run.log()
         assert [fault for fault, _ in proxy.injected] == ["502", "drop", "hang"]
         assert log.count("outcome unknown or catalog unavailable") >= 3, log[-5000:]
+        assert "ReadTimeout" in log, "the hung commit did not time out on the sink's side"
         found = log.count(f"is already in {sink.table} as snapshot")
         assert found >= 3, f"only {found} lost acknowledgement(s) recognised:\n{log[-5000:]}"
         h.verify_exact(spark, sink)

@@ -24,7 +24,7 @@ from service.failpoints import POINTS
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]  # slow machines: beyond the default 900 s
 
 RANDOM_KILLS = int(os.environ.get("ICESINK_CHAOS_RANDOM_KILLS", "14"))
 SEED = int(os.environ.get("ICESINK_CHAOS_SEED", "20261122"))

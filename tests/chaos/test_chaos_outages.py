@@ -26,7 +26,7 @@ from service.sample import envelope_schema
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink, SinkRun
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]  # slow machines: beyond the default 900 s
 
 OUTAGE_S = float(os.environ.get("ICESINK_CHAOS_OUTAGE_S", "20"))
 RETRY_LINES = (

@@ -18,7 +18,7 @@ from tests.sink.conftest import Sink, SinkRun
 from tests.sink.expect import sink_snapshots
 from txnlog import Action, TransactionLog
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]  # slow machines: beyond the default 900 s
 
 FENCED_MESSAGE = "this replica was fenced by a newer one and wrote nothing more"
 
