@@ -97,6 +97,36 @@ def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
     return values.map(convert)
 
 
+_BASE64_RE = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"  # \z: no final newline
+_MAX_LONG_DIGITS = 18  # unscaled values of up to 18 digits fit in 8 bytes (a long)
+
+
+def _connect_decimal(wire: SparkColumn, scale: int) -> SparkColumn:
+    """Kafka Connect Decimal → decimal as JVM expressions, for precisions of at most 18 digits.
+
+    The same values as :func:`_unscaled_to_decimal` (strict base64, big-endian two's complement), with
+    no Python worker: the bytes are read as an unsigned integer (``conv`` of their hex, at most 8 bytes)
+    and the sign applied with a power of two. A longer encoding is accepted only when its extra leading
+    bytes are sign extension (0x00 / 0xFF); anything else is at least 2**63 and can't fit 18 digits.
+    Null (so a dead letter) when the text is not strict base64 or the value does not fit.
+    """
+    valid = wire.rlike(_BASE64_RE) & (F.length(wire) > 0)
+    raw = F.when(valid, F.unbase64(wire))  # null for anything but strict, non-empty base64
+    hexed = F.hex(raw)
+    n = F.length(raw)
+    last8 = F.when(n <= 8, hexed).otherwise(F.substring(hexed, -16, 16))
+    prefix = F.substr(hexed, F.lit(1), (n - 8) * 2)  # the bytes before the last 8, if any
+    negative = F.substring(last8, 1, 1).isin("8", "9", "A", "B", "C", "D", "E", "F")
+    extension_ok = (n <= 8) | F.when(negative, prefix.rlike("^(FF)+$")).otherwise(prefix.rlike("^(00)+$"))
+    unsigned = F.conv(last8, 16, 10).cast(T.DecimalType(20, 0))
+    powers = F.array(*[F.lit(Decimal(2 ** (8 * i))).cast(T.DecimalType(20, 0)) for i in range(1, 9)])
+    signed = F.when(negative, unsigned - F.try_element_at(powers, F.least(n, F.lit(8)))).otherwise(unsigned)
+    # decimal(19,0) x decimal(max(s,1), s) has at most 38 digits: the product is exact (no rounding)
+    unit = F.lit(Decimal(1).scaleb(-scale)).cast(T.DecimalType(max(scale, 1), scale))
+    value = F.try_multiply(signed.try_cast(T.DecimalType(19, 0)), unit)
+    return F.when(extension_ok, value)
+
+
 def _decimal_udf(scale: int) -> F.UserDefinedFunction:
     @F.pandas_udf(T.DecimalType(38, scale))  # type: ignore[call-overload]
     def decode(values: pd.Series) -> pd.Series:
@@ -111,6 +141,8 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
     enc = column.encoding
     t = column.type
     if enc is Encoding.DECIMAL_BASE64 and isinstance(t, DecimalType):
+        if t.precision <= _MAX_LONG_DIGITS:
+            return _connect_decimal(wire, t.scale).try_cast(target)
         return _decimal_udf(t.scale)(wire).try_cast(target)
     if enc is Encoding.BYTES_BASE64:
         return F.call_function("try_to_binary", wire, F.lit("base64"))
