@@ -445,9 +445,14 @@ class SinkJob:
 
     def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
         cfg = self.config
-        changes = decode(
-            records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas
-        ).persist()
+        columns = [F.col(f"`{c.name}`") for c in self.columns]
+        # Only what counting and writing need is cached: the raw key and value (most of the bytes)
+        # stay in the persisted records, from which the rare dead-letter write decodes again.
+        changes = (
+            decode(records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas)
+            .select(*columns, F.col(OP_COLUMN), F.col("offset"), F.col(ERROR_COLUMN))
+            .persist()
+        )
         try:
             outcome = BatchOutcome()
             for row in (
@@ -459,10 +464,10 @@ class SinkJob:
                 else:
                     op = row[OP_COLUMN]
                     outcome.by_op[op] = outcome.by_op.get(op, 0) + row["count"]
-            good = changes.where(F.col(ERROR_COLUMN).isNull())
+            good = changes.where(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN)
             rows = latest_per_key(good, cfg.table.key) if self.upsert else good.where(F.col(OP_COLUMN) != "d")
             table = self.catalog.load_table(cfg.table.identifier)
-            rows = rows.select(*[F.col(f"`{c.name}`") for c in self.columns], F.col(OP_COLUMN))
+            rows = rows.select(*columns, F.col(OP_COLUMN))
             spec = table.spec()
             if not spec.is_unpartitioned():
                 sources = [table.schema().find_column_name(f.source_id) for f in spec.fields]
@@ -489,7 +494,10 @@ class SinkJob:
             # Last, so that a batch retried because its files could not be written (catalog or object
             # store down) does not send its dead letters twice.
             if outcome.dead_letters:
-                self._dead_letter(changes.where(F.col(ERROR_COLUMN).isNotNull()))
+                bad = decode(
+                    records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas
+                )
+                self._dead_letter(bad.where(F.col(ERROR_COLUMN).isNotNull()))
         finally:
             changes.unpersist()
         data = [f for f in files if int(f.content) == 0]
