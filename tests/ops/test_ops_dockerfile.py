@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -229,7 +230,7 @@ def test_the_jars_are_the_ones_the_job_needs(dockerfile: Dockerfile) -> None:
 
 def test_fetch_jars_downloads_and_verifies(tmp_path: Path) -> None:
     """The jars stage's script, run against the dev stack's local Maven repository (file://)."""
-    m2 = REPO / ".cache" / "m2"
+    m2 = Path(os.environ.get("ICESINK_CACHE_DIR") or REPO / ".cache") / "m2"  # where dev/stack put it
     assert (m2 / "org" / "apache" / "spark").is_dir(), "run `dev/stack install` first (it fills .cache/m2)"
     env = {"PATH": "/usr/bin:/bin", "MAVEN_REPO": m2.as_uri()}
     res = subprocess.run(

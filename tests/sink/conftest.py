@@ -40,8 +40,13 @@ class SinkRun:
         return self.log_path.read_text(errors="replace")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """SIGKILL takes the whole process group (Spark's JVM too), like a pod being killed; other
+        signals go to the icesink process only, as Kubernetes sends SIGTERM to the main process."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
+            if sig == signal.SIGKILL:
+                os.killpg(self.process.pid, sig)
+            else:
+                os.kill(self.process.pid, sig)
 
     def wait_for_log(self, needle: str, timeout: float = 120, count: int = 1) -> None:
         deadline = time.monotonic() + timeout
