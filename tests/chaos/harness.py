@@ -44,6 +44,7 @@ class Figures:
     failpoint_kills: int = 0
     failpoints_hit: Counter[str] = field(default_factory=Counter)
     failpoint_kill_paths: Counter[str] = field(default_factory=Counter)
+    sigkill_moments: Counter[str] = field(default_factory=Counter)
     sink_starts: int = 0
     fenced_exits: int = 0
     outages: list[str] = field(default_factory=list)
@@ -69,6 +70,8 @@ class Figures:
             f"kills survived:          {self.kills_survived} "
             f"({self.sigkills} SIGKILL at random moments, {self.failpoint_kills} by fail points)",
             f"fail points hit:         {sum(self.failpoints_hit.values())} ({points})",
+            "random SIGKILLs, counted from: "
+            + (", ".join(f"{k}={v}" for k, v in sorted(self.sigkill_moments.items())) or "none"),
             "fail point kills by path: "
             + (", ".join(f"{k}={v}" for k, v in sorted(self.failpoint_kill_paths.items())) or "none"),
             f"sink processes started:  {self.sink_starts}; fenced replicas exited 3: {self.fenced_exits}",
@@ -91,6 +94,7 @@ class Figures:
         out = asdict(self)
         out["failpoints_hit"] = dict(self.failpoints_hit)
         out["failpoint_kill_paths"] = dict(self.failpoint_kill_paths)
+        out["sigkill_moments"] = dict(self.sigkill_moments)
         return out
 
 

@@ -34,12 +34,12 @@ SEED = int(os.environ.get("ICESINK_CHAOS_SEED", "20261122"))
 class Step:
     failpoints: str | None = None  # ICESINK_FAILPOINTS for this run, or None: SIGKILL after `delay`
     delay: float = 0.0
-    streaming: bool = False  # the delay counts from "consuming" (Spark started), not from the start
+    after: str = "start"  # the delay counts from: the start, "consuming" (Spark started), a first commit
 
     def describe(self) -> str:
         if self.failpoints:
             return self.failpoints
-        return f"SIGKILL {self.delay:.1f}s after {'consuming began' if self.streaming else 'start'}"
+        return f"SIGKILL {self.delay:.1f}s after {self.after}"
 
 
 # Every fail point on the streaming path and on the recovery path of a plan an earlier kill left
@@ -62,15 +62,20 @@ def schedule(rng: random.Random) -> list[Step]:
     """The fail point steps in order (the path each takes depends on it), then the random SIGKILLs.
 
     Half the random moments fall in the first seconds of a process (start-up, claim, recovery of a
-    pending plan, Spark's start), half while it streams (counted from "consuming", so they land in
-    batches whatever the machine's speed: decoding, writing files, precommit, commit, between batches).
+    pending plan, Spark's start), half while it streams: counted from "consuming" or from its first
+    commit, so that they land in batches whatever the machine's speed (decoding, writing files,
+    precommit, commit, between batches).
     """
-    randoms = [
-        Step(delay=rng.uniform(0.5, 10.0))
-        if i % 2 == 0
-        else Step(delay=rng.uniform(0.0, 15.0), streaming=True)
-        for i in range(RANDOM_KILLS)
+    kinds = [
+        ("start", 0.5, 10.0),
+        ("consuming", 0.0, 15.0),
+        ("start", 0.5, 10.0),
+        ("first commit", 0.0, 10.0),
     ]
+    randoms = []
+    for i in range(RANDOM_KILLS):
+        after, low, high = kinds[i % len(kinds)]
+        randoms.append(Step(delay=rng.uniform(low, high), after=after))
     rng.shuffle(randoms)
     return [Step(failpoints=f) for f in FAILPOINT_STEPS] + randoms
 
@@ -112,13 +117,16 @@ def test_killed_at_random_moments_and_at_every_fail_point(make_sink: Any, spark:
                 h.FIGURES.kills_survived += 1
             else:
                 run = h.start(sink)
-                if step.streaming:
+                if step.after == "consuming":
                     run.wait_for_log("consuming", timeout=300)
+                elif step.after == "first commit":
+                    h.wait_for_commits(run, 1, timeout=400)
                 time.sleep(step.delay)
                 assert run.process.poll() is None, (
                     f"step {number}: the sink exited by itself ({run.process.returncode}):\n{run.log()[-4000:]}"
                 )
                 h.sigkill(run)
+                h.FIGURES.sigkill_moments[step.after] += 1
             recovered += run.log().count("recovering sink")
             print(
                 f"step {number}/{len(steps)}: {step.describe()} → {h.committed_count(run)} commit(s), "
