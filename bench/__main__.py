@@ -37,8 +37,8 @@ class Size:
 
 
 SIZES = {
-    "small": Size(24_000, 6_000, 6_000, 0, 0, 0, ALL[:5]),
-    "medium": Size(200_000, 40_000, 50_000, 40, 30, 1_000, ALL),
+    "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:5]),
+    "medium": Size(160_000, 32_000, 20_000, 20, 30, 1_000, ALL),
     "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, ALL),
 }
 
@@ -110,6 +110,13 @@ class Bench:
                 "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
                 "cold_events_per_s": events / run.wall_s,
                 "wall_s": run.wall_s,
+                "cpu_s": run.cpu_s,
+                "steady_cpu_s": run.steady_cpu_s,
+                "cpu_ms_per_event": (
+                    1000 * run.steady_cpu_s / run.steady_records
+                    if run.steady_cpu_s and run.steady_records
+                    else None
+                ),
                 "batch_s": figures.summarise([b.write_s + b.commit_s for b in run.batches]),
                 "write_s": figures.summarise([b.write_s for b in run.batches]),
                 "commit_s": figures.summarise([b.commit_s for b in run.batches]),
@@ -331,9 +338,17 @@ class Bench:
             log(f"{part}: {runs[part]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         if "freshness" in parts:
             for who, key in (("icesink", "icesink-upsert"), ("merge", "merge-into")):
-                runs.setdefault(key, {}).update(self.freshness(who))
+                try:
+                    runs.setdefault(key, {}).update(self.freshness(who))
+                except Exception as exc:  # keep the other figures
+                    log(f"freshness {who} failed: {exc!r}")
+                    r.setdefault("errors", []).append(f"freshness {who}: {exc!r}")
         if "read-side" in parts:
-            r["read_side"] = self.read_side()
+            try:
+                r["read_side"] = self.read_side()
+            except Exception as exc:
+                log(f"read side failed: {exc!r}")
+                r.setdefault("errors", []).append(f"read side: {exc!r}")
         r["ratios"] = self.ratios()
         r["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["duration_s"] = round(time.monotonic() - started, 1)
@@ -373,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         "--period", type=float, default=5.0, help="commit period (trigger interval) for freshness, s"
     )
     p.add_argument("--partitions", type=int, default=2, help="Kafka partitions of the bench topics")
+    p.add_argument("--events", type=int, help="override the size's number of events")
+    p.add_argument("--batch", type=int, help="override the size's max_offsets_per_trigger")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--variant",
@@ -385,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench/results", help="directory for <size>-<time>.json/.png and logs")
     args = p.parse_args(argv)
     size = SIZES[args.size]
+    if args.events or args.batch:
+        size = Size(
+            **{**size.__dict__, "events": args.events or size.events, "batch": args.batch or size.batch}
+        )
     parts = args.only.split(",") if args.only else list(size.parts)
     unknown = [x for x in parts if x not in ALL]
     if unknown:
@@ -398,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 "read_events_per_commit": size.read_events_per_commit or 1_000,
             }
         )
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{stamp}-", dir=out))

@@ -13,11 +13,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
 
 
-def steady_rate(commits: Sequence[tuple[float, int]]) -> float | None:
-    """Events per second between the first and the last full commit, after the first batch.
+def warmup_batches(n: int) -> int:
+    """Batches treated as warm-up: the first pays for the JVM's start (first Kafka read, first Python
+    worker), the second still for much of its JIT compilation; with few batches only the first."""
+    return 2 if n >= 5 else 1
 
-    The first batch carries the JVM's warm-up (first Kafka read, first Python worker), so the rate
-    counts the records of batches 2..n over the time from the end of batch 1 to the end of batch n.
+
+def steady_rate(commits: Sequence[tuple[float, int]]) -> float | None:
+    """Events per second between the end of the warm-up batches and the last full commit.
+
     A small last batch (the remainder, under half the median batch) is left out.
     """
     if len(commits) < 2:
@@ -27,8 +31,9 @@ def steady_rate(commits: Sequence[tuple[float, int]]) -> float | None:
     usable = list(commits)
     if len(usable) > 2 and usable[-1][1] < median / 2:
         usable = usable[:-1]
-    span = usable[-1][0] - usable[0][0]
-    records = sum(r for _, r in usable[1:])
+    skip = min(warmup_batches(len(commits)), len(usable) - 1)
+    span = usable[-1][0] - usable[skip - 1][0]
+    records = sum(r for _, r in usable[skip:])
     return records / span if span > 0 else None
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
+import time
 from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _children() -> dict[int, list[int]]:
@@ -19,6 +23,15 @@ def _children() -> dict[int, list[int]]:
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         tree.setdefault(ppid, []).append(int(entry.name))
     return tree
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of one process (not its children: they are sampled themselves)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
 
 
 def _rss_and_role(pid: int) -> tuple[int, str] | None:
@@ -54,6 +67,8 @@ class PeakMemory(threading.Thread):
         self.root, self.interval = root, interval
         self.peaks: dict[str, int] = {"jvm": 0, "python_driver": 0, "python_workers": 0, "total": 0}
         self._halt = threading.Event()
+        self._ticks: dict[int, int] = {}  # last CPU ticks seen per pid, exited processes included
+        self.cpu_series: list[tuple[float, float]] = []  # (wall clock, CPU seconds so far)
 
     def sample(self) -> None:
         tree = _children()
@@ -67,22 +82,35 @@ class PeakMemory(threading.Thread):
             found = _rss_and_role(pid)
             if found:
                 sums[found[1]] += found[0]
+                self._ticks[pid] = max(self._ticks.get(pid, 0), _cpu_ticks(pid))
             todo.extend(tree.get(pid, []))
         for role, value in sums.items():
             self.peaks[role] = max(self.peaks[role], value)
         self.peaks["total"] = max(self.peaks["total"], sum(sums.values()))
+        self.cpu_series.append((time.time(), self.cpu_seconds))
+
+    def cpu_between(self, start: float, end: float) -> float | None:
+        """CPU seconds used between two wall-clock times (nearest samples)."""
+        if not self.cpu_series:
+            return None
+        times = [t for t, _ in self.cpu_series]
+        i, j = bisect.bisect_left(times, start), bisect.bisect_left(times, end)
+        i, j = min(i, len(times) - 1), min(j, len(times) - 1)
+        return self.cpu_series[j][1] - self.cpu_series[i][1]
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):
             self.sample()
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time of the whole tree as last sampled (a process's last < interval is missed)."""
+        return sum(self._ticks.values()) / _TICK
+
     def stop(self) -> dict[str, int]:
         self._halt.set()
         self.join(timeout=5)
         return dict(self.peaks)
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(root: int) -> float:

@@ -23,7 +23,7 @@ def table(results: dict[str, Any]) -> str:
     head = (
         f"{'configuration':<22} {'events':>9} {'events/s':>10} {'MB/s':>6} {'cold ev/s':>9} "
         f"{'batch p50/p99 s':>16} {'commit p50/p99 s':>17} {'fresh p50/p99 s':>16} "
-        f"{'data/del files':>14} {'mem jvm/py/wrk MiB':>19}"
+        f"{'data/del files':>14} {'mem jvm/py/wrk MiB':>19} {'cpu ms/ev':>9}"
     )
     lines = [head, "-" * len(head)]
     for name, r in results["runs"].items():
@@ -45,7 +45,7 @@ def table(results: dict[str, Any]) -> str:
             f"{_f(batch.get('p50'), 2) + '/' + _f(batch.get('p99'), 2):>16} "
             f"{_f(commit.get('p50'), 2) + '/' + _f(commit.get('p99'), 2):>17} "
             f"{_f(fresh.get('p50'), 2) + '/' + _f(fresh.get('p99'), 2):>16} "
-            f"{files:>14} {memory:>19}"
+            f"{files:>14} {memory:>19} {_f(t.get('cpu_ms_per_event'), 2):>9}"
         )
     for name, r in results.get("ratios", {}).items():
         lines.append(f"{name}: {r}")
@@ -88,7 +88,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     values = [runs[n]["throughput"]["events_per_s"] for n in names]
     bars = ax.barh(names, values, color=["#1f77b4" if n.startswith("icesink") else "#999999" for n in names])
     ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
-    ax.set_xlabel("events/s (steady, after the first batch)")
+    ax.set_xlabel("events/s (steady, after the warm-up batches)")
     ax.set_title("throughput")
     ax.invert_yaxis()
     if fresh:

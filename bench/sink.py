@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from bench.figures import warmup_batches
 from bench.procmem import PeakMemory
 from bench.stack import REPO, Stack
 from bench.workload import COLUMNS
@@ -48,6 +49,9 @@ class SinkRun:
     batches: list[Batch] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of the sink's process tree (driver, JVM, Python workers)
+    steady_cpu_s: float | None = None  # between the end of the warm-up and the last commit
+    steady_records: int = 0
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:]
@@ -176,6 +180,13 @@ class Sink:
         self.run.wall_s = time.monotonic() - self._t0
         self.run.exit_code = self.process.returncode
         self.run.memory = self.memory.stop()
+        self.run.cpu_s = self.memory.cpu_seconds
+        self.run.batches = self.batches()
+        if len(self.run.batches) >= 2:  # after the warm-up, as figures.steady_rate counts it
+            skip = warmup_batches(len(self.run.batches))
+            first, last = self.run.batches[skip - 1], self.run.batches[-1]
+            self.run.steady_cpu_s = self.memory.cpu_between(first.committed_at, last.committed_at)
+            self.run.steady_records = sum(b.records for b in self.run.batches[skip:])
         self.run.batches = self.batches()
         if self.run.exit_code != 0:
             raise RuntimeError(f"icesink {self.run.name} exited {self.run.exit_code}:\n{self.run.log_tail()}")
