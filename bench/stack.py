@@ -69,27 +69,10 @@ def spark_session(stack: Stack, cores: int = 2) -> Any:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    prefix = "spark.sql.catalog.rest"
+    from tests.readers import spark_conf
+
     conf = {
-        "spark.jars": ",".join(stack.jars),
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "rest",
-        f"{prefix}.uri": stack.rest_uri,
-        f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-        f"{prefix}.s3.endpoint": stack.s3_endpoint,
-        f"{prefix}.s3.path-style-access": "true",
-        f"{prefix}.s3.access-key-id": stack.access_key,
-        f"{prefix}.s3.secret-access-key": stack.secret_key,
-        f"{prefix}.client.region": stack.region,
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": str(cores),
-        "spark.default.parallelism": str(cores),
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.memory": "2g",
+        **spark_conf(cores=cores),
         "spark.sql.streaming.numRecentProgressUpdates": "10000",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
     }

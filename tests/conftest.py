@@ -175,40 +175,16 @@ def rest_catalog(stack: Stack) -> RestCatalog:
     return catalog
 
 
-def spark_conf(stack: Stack, catalog: str = "rest") -> dict[str, str]:
-    """Spark settings for an Iceberg catalog named `catalog` on the stack's REST catalog and S3."""
-    prefix = f"spark.sql.catalog.{catalog}"
-    return {
-        "spark.jars": ",".join(stack.spark_jars),
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        prefix: "org.apache.iceberg.spark.SparkCatalog",
-        f"{prefix}.type": "rest",
-        f"{prefix}.uri": stack.rest_uri,
-        f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-        f"{prefix}.s3.endpoint": stack.s3_endpoint,
-        f"{prefix}.s3.path-style-access": "true",
-        f"{prefix}.s3.access-key-id": stack.access_key,
-        f"{prefix}.s3.secret-access-key": stack.secret_key,
-        f"{prefix}.client.region": stack.region,
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.memory": "2g",
-    }
-
-
 @pytest.fixture(scope="session")
 def spark(stack: Stack) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
+    from tests.readers import spark_conf as reader_spark_conf
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("icesink-tests")
-    for key, value in spark_conf(stack).items():
+    for key, value in reader_spark_conf().items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

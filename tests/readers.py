@@ -35,6 +35,38 @@ def _quote(parts: list[str], q: str) -> str:
     return ".".join(q + p.replace(q, q + q) + q for p in parts)
 
 
+def spark_conf(env: Mapping[str, str] | None = None, catalog: str = "rest", cores: int = 2) -> dict[str, str]:
+    """Spark settings for a local reader with an Iceberg catalog `catalog` on the stack's REST catalog and S3.
+
+    The catalog's table cache is off: with Iceberg's default (`cache-enabled`, 30 s) a read soon after
+    another one can be served from the cached metadata and miss the snapshots committed in between.
+    """
+    env = os.environ if env is None else env
+    prefix = f"spark.sql.catalog.{catalog}"
+    return {
+        "spark.jars": env["ICESINK_SPARK_JARS"],
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "rest",
+        f"{prefix}.uri": env["ICESINK_REST_URI"].rstrip("/"),
+        f"{prefix}.cache-enabled": "false",
+        f"{prefix}.io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        f"{prefix}.s3.endpoint": env["ICESINK_S3_ENDPOINT"],
+        f"{prefix}.s3.path-style-access": "true",
+        f"{prefix}.s3.access-key-id": env["AWS_ACCESS_KEY_ID"],
+        f"{prefix}.s3.secret-access-key": env["AWS_SECRET_ACCESS_KEY"],
+        f"{prefix}.client.region": env.get("AWS_REGION", "us-east-1"),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(cores),
+        "spark.default.parallelism": str(cores),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "2g",
+    }
+
+
 def spark_rows(
     spark: SparkSession,
     identifier: str | tuple[str, ...],
