@@ -53,6 +53,11 @@ class KafkaConfig(_Section):
 class SourceConfig(_Section):
     format: Literal["debezium-json"] = "debezium-json"
     max_record_bytes: int = 8 * 1024 * 1024
+    decoder: Literal["auto", "spark"] = Field(
+        default="auto",
+        description="auto: decode batches with pyarrow in one Spark job, and with Spark's decoder any batch "
+        "the Arrow decoder declines (a record it can't vouch for); spark: always Spark's decoder.",
+    )
 
     @field_validator("max_record_bytes", mode="before")
     @classmethod

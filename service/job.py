@@ -17,12 +17,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial, reduce
-from typing import Any
+from typing import Any, TypeVar
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,6 +33,8 @@ from service.channel.cadence import CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
 from service.config import Mode, SinkConfig
+from service.data import arrow_batch
+from service.data.arrow_decode import Declined, unsupported
 from service.data.columns import (
     Column,
     Encoding,
@@ -53,6 +57,7 @@ from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 JARS_ENV = "ICESINK_SPARK_JARS"
 
@@ -181,6 +186,7 @@ class BatchOutcome:
     records: int = 0
     dead_letters: int = 0
     by_op: dict[str, int] = field(default_factory=dict)
+    decoder: str = "spark"
 
 
 class SinkJob:
@@ -224,6 +230,7 @@ class SinkJob:
         self.known_schemas: set[str] = set()
         self.rejected_schemas: dict[str, str] = {}
         self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
+        self.arrow_decoder = self._arrow_decoder_usable()
         self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
@@ -234,6 +241,23 @@ class SinkJob:
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
         self.offsets: Offsets = self.committer.committed_offsets()
+
+    def _arrow_decoder_usable(self) -> bool:
+        """Whether batches go through the one-job Arrow path first (service.data.arrow_batch)."""
+        reason = None
+        if self.config.source.decoder == "spark":
+            reason = "source.decoder is spark"
+        elif self.track_schemas:
+            reason = "the columns come from the events' schema sections, which Spark's decoder tracks"
+        elif not self.cadence.every_trigger:
+            reason = "commit.min_size/max_period buffer batches"
+        else:
+            reason = unsupported(self.columns)
+        if reason:
+            logger.info("decoding every batch with Spark's decoder: %s", reason)
+            return False
+        logger.info("decoding with the Arrow decoder; Spark's decoder takes any batch it declines")
+        return True
 
     def _claim(self, attempts: int = 5) -> Lease:
         """Claim the sink, waiting for a predecessor that still holds the row in the middle of a commit.
@@ -341,6 +365,8 @@ class SinkJob:
 
     def process_batch(self, records: DataFrame) -> None:
         """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch)."""
+        if self.arrow_decoder and not self._buffer.frames and self._flush_arrow(records):
+            return
         records = records.persist()
         ranges = (
             records.groupBy("topic", "partition")
@@ -373,21 +399,39 @@ class SinkJob:
             return
         started = time.monotonic()
         records = reduce(DataFrame.unionAll, buffer.frames)
+        offsets = merge_offsets(self.offsets, buffer.offsets)
         try:
-            pending, outcome = self._prepare(records, merge_offsets(self.offsets, buffer.offsets))
-            written = time.monotonic()
-            self.metrics.write_duration.record(written - started, self.metrics.attrs())
-            result = self.committer.commit(pending)
-            committed = time.monotonic()
+            pending, outcome = self._retrying(lambda: self._evolve_and_write(records, offsets))
+            self._commit(pending, outcome, started, buffer.newest)
         finally:
             for frame in buffer.frames:
                 frame.unpersist()
+
+    def _flush_arrow(self, records: DataFrame) -> bool:
+        """Write and commit the batch through the one-job Arrow path; False if it declined the batch."""
+        started = time.monotonic()
+        try:
+            batch = self._retrying(lambda: self._write_arrow(records))
+        except Declined as exc:
+            logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
+            return False
+        if batch.offsets:
+            outcome = BatchOutcome(records=batch.records, by_op=batch.by_op, decoder="arrow")
+            offsets = merge_offsets(self.offsets, batch.offsets)
+            self._commit(self._pending(batch.files, offsets, outcome), outcome, started, batch.newest)
+        return True
+
+    def _commit(self, pending: PendingCommit, outcome: BatchOutcome, started: float, newest: object) -> None:
+        written = time.monotonic()
+        self.metrics.write_duration.record(written - started, self.metrics.attrs())
+        result = self.committer.commit(pending)
+        committed = time.monotonic()
         self.cadence.committed(committed)
         self.offsets = pending.offsets
-        self._record(pending, outcome, result.seq, written - started, committed - written, buffer.newest)
+        self._record(pending, outcome, result.seq, written - started, committed - written, newest)
 
-    def _prepare(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
-        """Evolve the table and write the batch's files, retrying failures that are not the records' fault.
+    def _retrying(self, write: Callable[[], T]) -> T:
+        """Run ``write`` (a batch's files, no commit), retrying failures that are not the records' fault.
 
         A batch that fails as a whole (catalog or object store down, the dead-letter topic refusing
         writes) is retried with bounded exponential backoff, and its records are never dead-lettered
@@ -399,9 +443,8 @@ class SinkJob:
         backoff = 1.0
         for attempt in range(1, attempts + 1):
             try:
-                self._evolve(records)
-                return self._write(records, offsets)
-            except (SchemaError, StopRequested):
+                return write()
+            except (SchemaError, StopRequested, Declined):
                 raise
             except Exception as exc:
                 if attempt == attempts:
@@ -416,6 +459,54 @@ class SinkJob:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
         raise AssertionError("unreachable")
+
+    def _evolve_and_write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
+        self._evolve(records)
+        return self._write(records, offsets)
+
+    def _write_arrow(self, records: DataFrame) -> arrow_batch.ArrowBatch:
+        table = self.catalog.load_table(self.config.table.identifier)
+        spec = arrow_batch.ArrowBatchSpec(
+            write=self._write_spec(table),
+            columns=self.columns,
+            max_record_bytes=self.config.source.max_record_bytes,
+        )
+        return arrow_batch.run(records, spec)
+
+    def _write_spec(self, table: Table) -> WriteSpec:
+        cfg = self.config
+        return WriteSpec(
+            metadata=table.metadata,
+            io_properties=dict(table.io.properties),
+            key=list(cfg.table.key),
+            upsert=self.upsert,
+            delete_spec_id=self.delete_spec,
+            writer_properties=writer_properties(
+                cfg.write.target_file_size,
+                cfg.write.compression,
+                cfg.write.compression_level,
+                cfg.write.row_group_limit,
+                cfg.write.page_size,
+            ),
+        )
+
+    def _pending(self, files: list[DataFile], offsets: Offsets, outcome: BatchOutcome) -> PendingCommit:
+        data = [f for f in files if int(f.content) == 0]
+        deletes = [f for f in files if int(f.content) != 0]
+        return PendingCommit(
+            table=self.config.table.identifier,
+            offsets=offsets,
+            snapshot_id=new_snapshot_id() if files else None,
+            data_files=data,
+            delete_files=deletes,
+            stats={
+                "records": outcome.records,
+                "dead_letters": outcome.dead_letters,
+                "data_rows": sum(f.record_count for f in data),
+                "delete_rows": sum(f.record_count for f in deletes),
+                "bytes": sum(f.file_size_in_bytes for f in files),
+            },
+        )
 
     def _evolve(self, records: DataFrame) -> None:
         """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution)."""
@@ -472,21 +563,7 @@ class SinkJob:
             if not spec.is_unpartitioned():
                 sources = [table.schema().find_column_name(f.source_id) for f in spec.fields]
                 rows = rows.repartition(cfg.write.parallelism, *[F.col(f"`{s}`") for s in sources if s])
-            write_spec = WriteSpec(
-                metadata=table.metadata,
-                io_properties=dict(table.io.properties),
-                key=list(cfg.table.key),
-                upsert=self.upsert,
-                delete_spec_id=self.delete_spec,
-                writer_properties=writer_properties(
-                    cfg.write.target_file_size,
-                    cfg.write.compression,
-                    cfg.write.compression_level,
-                    cfg.write.row_group_limit,
-                    cfg.write.page_size,
-                ),
-            )
-
+            write_spec = self._write_spec(table)
             files = [
                 from_json(json.loads(r["file"]))
                 for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
@@ -500,23 +577,7 @@ class SinkJob:
                 self._dead_letter(bad.where(F.col(ERROR_COLUMN).isNotNull()))
         finally:
             changes.unpersist()
-        data = [f for f in files if int(f.content) == 0]
-        deletes = [f for f in files if int(f.content) != 0]
-        pending = PendingCommit(
-            table=cfg.table.identifier,
-            offsets=offsets,
-            snapshot_id=new_snapshot_id() if files else None,
-            data_files=data,
-            delete_files=deletes,
-            stats={
-                "records": outcome.records,
-                "dead_letters": outcome.dead_letters,
-                "data_rows": sum(f.record_count for f in data),
-                "delete_rows": sum(f.record_count for f in deletes),
-                "bytes": sum(f.file_size_in_bytes for f in files),
-            },
-        )
-        return pending, outcome
+        return self._pending(files, offsets, outcome), outcome
 
     def _dead_letter(self, bad: DataFrame) -> None:
         def header(name: str, value: F.Column) -> F.Column:
@@ -566,7 +627,7 @@ class SinkJob:
             m.set_freshness(max(0.0, time.time() - newest.timestamp()))
         logger.info(
             "committed seq %d to %s: snapshot %s, %d records (%s), %d dead letters, %d data + %d delete rows, "
-            "%d bytes, write %.2fs, commit %.2fs",
+            "%d bytes, write %.2fs, commit %.2fs, %s decoder",
             seq,
             pending.table,
             pending.snapshot_id,
@@ -578,6 +639,7 @@ class SinkJob:
             pending.stats["bytes"],
             write_s,
             commit_s,
+            outcome.decoder,
             extra={
                 "fields": {
                     "table": pending.table,

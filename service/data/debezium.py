@@ -150,14 +150,14 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
         return F.call_function("date_from_unix_date", wire.try_cast(T.IntegerType()))
     if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
         micros = {
-            Encoding.TIME_MILLIS: wire * 1000,
+            Encoding.TIME_MILLIS: F.try_multiply(wire, F.lit(1000)),  # overflow: null, so a dead letter
             Encoding.TIME_MICROS: wire,
             Encoding.TIME_NANOS: F.floor(wire / 1000).cast("long"),
         }[enc]
         return F.when((micros >= 0) & (micros < _MICROS_PER_DAY), micros)
     if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
         instant = {
-            Encoding.TIMESTAMP_MILLIS: F.call_function("timestamp_millis", wire),
+            Encoding.TIMESTAMP_MILLIS: F.call_function("timestamp_micros", F.try_multiply(wire, F.lit(1000))),
             Encoding.TIMESTAMP_MICROS: F.call_function("timestamp_micros", wire),
             Encoding.TIMESTAMP_NANOS: F.call_function("timestamp_micros", F.floor(wire / 1000).cast("long")),
         }[enc]

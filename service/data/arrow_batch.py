@@ -1,0 +1,183 @@
+"""One Spark job per batch: Kafka rows → (Python worker) decode, last change per key, files.
+
+The Spark path (``service.job.SinkJob._write``) runs three Spark jobs per batch and builds a large
+plan each time. When every record of a batch is one the Arrow decoder accepts
+(:mod:`service.data.arrow_decode`), this module does the same work in a single ``mapInArrow`` over
+the Kafka rows: each Spark task (one Kafka partition) decodes its records, keeps each key's last
+change, writes the data and equality-delete files, and hands back their metadata, its Kafka
+positions and its keys. No cache, no shuffle.
+
+Keeping the last change per key task by task is right only if no key is in two tasks. Debezium keys
+records by primary key, so a key's changes share a Kafka partition; the driver checks it anyway
+(:func:`run`), and a batch where a key shows up in two tasks is declined and takes the Spark path,
+which compacts across partitions. A declined batch's files are deleted; the Spark path writes its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io import load_file_io
+from pyiceberg.manifest import DataFile
+from pyspark.sql import DataFrame
+
+from service.channel.pending import Offsets
+from service.data.arrow_decode import Declined, decode, latest_per_key
+from service.data.columns import Column
+from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
+from service.iceberg.datafile_json import from_json, to_json
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_SCHEMA = "kind string, text string, blob binary"
+KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp"]
+
+
+@dataclass(frozen=True)
+class ArrowBatchSpec:
+    """What a task needs; pickled to the Python workers."""
+
+    write: WriteSpec
+    columns: list[Column]
+    max_record_bytes: int
+
+
+@dataclass
+class ArrowBatch:
+    """The outcome of a batch written by :func:`run`."""
+
+    files: list[DataFile] = field(default_factory=list)
+    offsets: Offsets = field(default_factory=dict)
+    newest: datetime | None = None
+    bytes: int = 0
+    records: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+
+
+def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
+    """Per topic-partition: the last offset, the newest record's timestamp (µs) and the value bytes."""
+    sizes = pc.fill_null(pc.binary_length(table["value"]), 0)
+    grouped = (
+        table.select(["topic", "partition", "offset"])
+        .append_column("ts", pc.cast(table["timestamp"], pa.int64()))
+        .append_column("bytes", pc.cast(sizes, pa.int64()))
+        .group_by(["topic", "partition"], use_threads=False)
+        .aggregate([("offset", "max"), ("ts", "max"), ("bytes", "sum")])
+    )
+    return [
+        {
+            "topic": r["topic"],
+            "partition": r["partition"],
+            "last": r["offset_max"],
+            "newest_us": r["ts_max"],
+            "bytes": r["bytes_sum"],
+        }
+        for r in grouped.to_pylist()
+    ]
+
+
+def _row(kind: str, text: str, blob: bytes | None = None) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"kind": pa.array([kind]), "text": pa.array([text]), "blob": pa.array([blob], pa.binary())}
+    )
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: one task's Kafka rows → its files, positions and keys, or a decline."""
+    collected = list(batches)
+    if not collected:
+        return
+    table = pa.Table.from_batches(collected)
+    summary: dict[str, Any] = {"positions": _positions(table)}
+    live = table.filter(pc.is_valid(table["value"]))
+    write = spec.write
+    try:
+        too_big = pc.greater(pc.binary_length(live["value"]), spec.max_record_bytes)
+        if pc.any(too_big).as_py():
+            raise Declined("a record over source.max_record_bytes")
+        decoded = decode(
+            live["value"].to_pylist(),
+            live["key"].to_pylist(),
+            live["offset"].combine_chunks(),
+            spec.columns,
+            write.key,
+        )
+        rows = decoded.rows
+        if write.upsert:
+            rows = latest_per_key(rows, write.key)
+        else:
+            rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
+        data, deletes = write_files(write, rows.select([c.name for c in spec.columns] + [OP_COLUMN]))
+    except Declined as exc:
+        yield _row("declined", str(exc))
+        return
+    for f in data + deletes:
+        yield _row("file", json.dumps(to_json(f)))
+    summary["records"] = decoded.records
+    summary["by_op"] = decoded.by_op
+    keys = _ipc(rows.select(write.key)) if write.upsert else None
+    yield _row("summary", json.dumps(summary), keys)
+
+
+def _delete_quietly(spec: WriteSpec, files: list[DataFile]) -> None:
+    io = load_file_io(spec.io_properties, spec.metadata.location)
+    for f in files:
+        try:
+            io.delete(f.file_path)
+        except Exception as exc:  # an orphan then: `icesink orphans` lists it
+            logger.warning("could not delete %s of a declined batch: %s", f.file_path, exc)
+
+
+def _keys_in_two_tasks(blobs: list[bytes]) -> bool:
+    if len(blobs) < 2:
+        return False
+    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
+    keys = pa.concat_tables(tables)
+    names = keys.column_names
+    counts = keys.group_by(names, use_threads=False).aggregate([([], "count_all")])
+    return bool(pc.any(pc.greater(counts["count_all"], 1)).as_py())
+
+
+def run(records: DataFrame, spec: ArrowBatchSpec) -> ArrowBatch:
+    """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
+    a task declined or a key turned up in two tasks."""
+    rows = (
+        records.select(*KAFKA_COLUMNS).mapInArrow(partial(process_partition, spec), OUTPUT_SCHEMA).collect()
+    )
+    files = [from_json(json.loads(r["text"])) for r in rows if r["kind"] == "file"]
+    declined = [r["text"] for r in rows if r["kind"] == "declined"]
+    summaries = [(json.loads(r["text"]), r["blob"]) for r in rows if r["kind"] == "summary"]
+    if not declined and spec.write.upsert and _keys_in_two_tasks([b for _, b in summaries if b]):
+        declined.append("a key has changes in two Kafka partitions")
+    if declined:
+        _delete_quietly(spec.write, files)
+        raise Declined(declined[0])
+    result = ArrowBatch(files=files)
+    newest_us: int | None = None
+    for summary, _ in summaries:
+        for p in summary["positions"]:
+            result.offsets.setdefault(p["topic"], {})[int(p["partition"])] = int(p["last"]) + 1
+            result.bytes += int(p["bytes"] or 0)
+            if p["newest_us"] is not None:
+                newest_us = max(newest_us or p["newest_us"], p["newest_us"])
+        result.records += int(summary["records"])
+        for op, n in summary["by_op"].items():
+            result.by_op[op] = result.by_op.get(op, 0) + int(n)
+    if newest_us is not None:
+        result.newest = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=newest_us)
+    return result

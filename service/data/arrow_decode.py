@@ -1,0 +1,376 @@
+"""Debezium JSON → typed Arrow columns inside a Python worker: the fast decoder.
+
+The Spark decoder (:mod:`service.data.debezium`) checks every field of every record and names what is
+wrong, with a dozen Spark expressions per column that Spark plans and compiles again for every
+micro-batch; at the batch sizes of a streaming sink that fixed cost dominates. Most batches have nothing
+wrong with them. This decoder parses a whole batch with pyarrow's JSON reader and converts it with
+vectorised compute. It accepts a batch only if it can decode every record exactly as the Spark decoder
+would; at the first record it is not sure of, it raises :class:`Declined` with the reason and the batch
+goes through the Spark decoder instead, which dead-letters what it must. So decoded values and
+dead-letter reasons never depend on which decoder ran (``tests/sink/test_arrow_decoder.py`` compares
+the two on good and bad records).
+
+Output columns have the Arrow types Spark hands to ``mapInArrow`` for the same table (TIME as int64
+micros, UUID as text), so :func:`service.data.files.write_files` takes either decoder's rows.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+    UUIDType,
+)
+
+from service.data.columns import Column, Encoding
+from service.data.files import DELETE_OP, OP_COLUMN
+
+VALID_OPS = ("c", "r", "u", "d")
+UTC_ZONE = "UTC"  # the session time zone of the sink's Spark (service.job.build_spark)
+_MICROS_PER_DAY = 86_400_000_000
+_FLOAT32_MAX = 3.4028234663852886e38
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_ISO_RE2 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_INT_WIRE = (
+    Encoding.INTEGER,
+    Encoding.DATE_DAYS,
+    Encoding.TIME_MILLIS,
+    Encoding.TIME_MICROS,
+    Encoding.TIME_NANOS,
+    Encoding.TIMESTAMP_MILLIS,
+    Encoding.TIMESTAMP_MICROS,
+    Encoding.TIMESTAMP_NANOS,
+)
+
+# The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
+_SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
+    Encoding.INTEGER: (IntegerType, LongType),
+    Encoding.FLOATING: (FloatType, DoubleType),
+    Encoding.BOOLEAN: (BooleanType,),
+    Encoding.STRING: (StringType,),
+    Encoding.BYTES_BASE64: (BinaryType,),
+    Encoding.DECIMAL_BASE64: (DecimalType,),
+    Encoding.DATE_DAYS: (DateType,),
+    Encoding.TIME_MILLIS: (TimeType,),
+    Encoding.TIME_MICROS: (TimeType,),
+    Encoding.TIME_NANOS: (TimeType,),
+    Encoding.TIMESTAMP_MILLIS: (TimestampType, TimestamptzType),
+    Encoding.TIMESTAMP_MICROS: (TimestampType, TimestamptzType),
+    Encoding.TIMESTAMP_NANOS: (TimestampType, TimestamptzType),
+    Encoding.TIMESTAMP_ISO: (TimestamptzType,),
+    Encoding.UUID_TEXT: (UUIDType, StringType),
+}
+
+
+class Declined(ValueError):
+    """The batch holds a record this decoder can't vouch for; decode it with Spark instead."""
+
+
+def unsupported(columns: list[Column]) -> str | None:
+    """Why this decoder can't take these columns at all, or None when it can."""
+    for c in columns:
+        if not isinstance(c.type, _SUPPORTED.get(c.encoding, ())):
+            return f"column {c.name} ({c.type}, encoded as {c.encoding}) has no Arrow decoder"
+    return None
+
+
+def _wire_type(encoding: Encoding) -> pa.DataType:
+    if encoding in _INT_WIRE:
+        return pa.int64()
+    if encoding is Encoding.FLOATING:
+        return pa.float64()
+    if encoding is Encoding.BOOLEAN:
+        return pa.bool_()
+    return pa.string()
+
+
+def output_type(column: Column) -> pa.DataType:
+    """The Arrow type Spark gives the converted column (see service.data.debezium.spark_type)."""
+    t = column.type
+    if isinstance(t, DecimalType):
+        return pa.decimal128(t.precision, t.scale)
+    simple: dict[type[IcebergType], pa.DataType] = {
+        IntegerType: pa.int32(),
+        LongType: pa.int64(),
+        FloatType: pa.float32(),
+        DoubleType: pa.float64(),
+        BooleanType: pa.bool_(),
+        StringType: pa.string(),
+        BinaryType: pa.binary(),
+        DateType: pa.date32(),
+        TimeType: pa.int64(),
+        TimestampType: pa.timestamp("us"),
+        TimestamptzType: pa.timestamp("us", tz=UTC_ZONE),
+        UUIDType: pa.string(),
+    }
+    return simple[type(t)]
+
+
+def _row_type(columns: list[Column]) -> pa.StructType:
+    return pa.struct([pa.field(c.name, _wire_type(c.encoding)) for c in columns])
+
+
+def envelope_schema(columns: list[Column]) -> pa.Schema:
+    """The same fields as the Spark decoder's envelope: a wrong type anywhere in them declines."""
+    row = _row_type(columns)
+    body = [("before", row), ("after", row), ("op", pa.string()), ("ts_ms", pa.int64())]
+    return pa.schema([("payload", pa.struct(body)), *body])
+
+
+def key_schema(key_columns: list[Column]) -> pa.Schema:
+    row = _row_type(key_columns)
+    return pa.schema([("payload", row), *[(f.name, f.type) for f in row]])
+
+
+def _parse(texts: list[bytes], schema: pa.Schema, what: str) -> pa.Table:
+    """One JSON object per text, parsed with `schema`; declines anything that is not exactly that."""
+    if not texts:
+        return schema.empty_table()
+    # Objects only: pyarrow 22's reader crashes the process on a line holding a bare `null`.
+    if not all(t[:1] == b"{" and t[-1:] == b"}" for t in texts):
+        raise Declined(f"a {what} that is not one JSON object")
+    joined = b"\n".join(texts)
+    if joined.count(b"\n") != len(texts) - 1 or b"\r" in joined:
+        raise Declined(f"a {what} spans lines")
+    try:  # the reader passes invalid UTF-8 through into its strings
+        joined.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Declined(f"a {what} that is not UTF-8") from None
+    try:
+        table = pa_json.read_json(
+            pa.BufferReader(joined),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=len(joined) + 1),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise Declined(f"a {what} the JSON reader does not take: {str(exc)[:200]}") from None
+    if table.num_rows != len(texts):
+        raise Declined(f"{len(texts)} {what}s parsed into {table.num_rows} rows")
+    return table.combine_chunks()
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    return (
+        table.column(name).chunk(0)
+        if table.column(name).num_chunks
+        else pa.array([], table.schema.field(name).type)
+    )
+
+
+def _field(struct: pa.Array, name: str) -> pa.Array:
+    """A struct's child, null wherever the struct itself is null."""
+    child = pc.struct_field(struct, name)
+    return pc.if_else(pc.is_valid(struct), child, pa.scalar(None, child.type))
+
+
+def _choose(condition: pa.Array, when_true: pa.Array, when_false: pa.Array) -> pa.Array:
+    return pc.if_else(condition, when_true, when_false)
+
+
+def _floor_div_1000(wire: pa.Array) -> pa.Array:
+    """Spark's ``floor(wire / 1000)``: a double division, as the Spark decoder computes it."""
+    as_double = pc.cast(wire, pa.float64(), safe=False)  # rounds above 2**53, as Spark does
+    return pc.cast(pc.floor(pc.divide(as_double, 1000.0)), pa.int64())
+
+
+def _times_1000(wire: pa.Array, name: str) -> pa.Array:
+    try:
+        return pc.multiply_checked(wire, 1000)
+    except pa.ArrowInvalid:
+        raise Declined(f"column {name}: a value overflows when scaled to microseconds") from None
+
+
+def _strict_base64(text: str, name: str) -> bytes:
+    if not _BASE64.fullmatch(text):
+        raise Declined(f"column {name}: a value is not strict base64")
+    return binascii.a2b_base64(text)
+
+
+def _unscaled(wire: pa.Array, column: Column, limit: int) -> list[int | None]:
+    """Kafka Connect Decimal: base64 of a big-endian two's complement unscaled integer."""
+    out: list[int | None] = []
+    for text in wire.to_pylist():
+        if text is None:
+            out.append(None)
+            continue
+        raw = _strict_base64(text, column.name)
+        if not raw:
+            raise Declined(f"column {column.name}: an empty decimal")
+        unscaled = int.from_bytes(raw, "big", signed=True)
+        if not -limit < unscaled < limit:
+            raise Declined(f"column {column.name}: a decimal with more than {len(str(limit)) - 1} digits")
+        out.append(unscaled)
+    return out
+
+
+def _decimals(wire: pa.Array, column: Column) -> pa.Array:
+    t = column.type
+    assert isinstance(t, DecimalType)
+    target = pa.decimal128(t.precision, t.scale)
+    unscaled = _unscaled(wire, column, 10**t.precision)
+    if t.precision > 18:
+        return pa.array([None if u is None else Decimal(u).scaleb(-t.scale) for u in unscaled], target)
+    # Up to 18 digits the unscaled value is an int64: lay it out as Arrow's 128-bit little-endian
+    # two's complement (low word, then the sign extension) instead of building Decimal objects.
+    low = pa.array(unscaled, pa.int64())
+    words = np.empty((len(low), 2), dtype=np.int64)
+    words[:, 0] = low.fill_null(0).to_numpy()
+    words[:, 1] = words[:, 0] >> 63
+    values = pa.Array.from_buffers(target, len(low), [None, pa.py_buffer(words.tobytes())])
+    return pc.if_else(pc.is_valid(low), values, pa.scalar(None, target)) if low.null_count else values
+
+
+def _iso_instants(wire: pa.Array, name: str) -> pa.Array:
+    matches = pc.match_substring_regex(wire, _ISO_RE2)
+    if pc.any(pc.invert(matches)).as_py():
+        raise Declined(f"column {name}: a timestamp not in the form 2024-01-31T12:00:00[.ffffff](Z|+hh:mm)")
+    micros: list[int | None] = []
+    for text in wire.to_pylist():
+        if text is None:
+            micros.append(None)
+            continue
+        try:
+            instant = datetime.fromisoformat(text)
+        except ValueError:
+            raise Declined(f"column {name}: an invalid timestamp") from None
+        delta = instant - _EPOCH
+        micros.append((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
+    return pa.array(micros, pa.int64())
+
+
+def convert(column: Column, wire: pa.Array) -> pa.Array:
+    """The wire values as the column's Arrow type; Declined when any one would not convert exactly."""
+    enc, name, target = column.encoding, column.name, output_type(column)
+    try:
+        if enc is Encoding.DECIMAL_BASE64:
+            return _decimals(wire, column)
+        if enc is Encoding.BYTES_BASE64:
+            return pa.array(
+                [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()], pa.binary()
+            )
+        if enc is Encoding.DATE_DAYS:
+            return pc.cast(pc.cast(wire, pa.int32()), pa.date32())
+        if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
+            micros = {
+                Encoding.TIME_MILLIS: lambda: _times_1000(wire, name),
+                Encoding.TIME_MICROS: lambda: wire,
+                Encoding.TIME_NANOS: lambda: _floor_div_1000(wire),
+            }[enc]()
+            in_day = pc.and_(pc.greater_equal(micros, 0), pc.less(micros, _MICROS_PER_DAY))
+            if pc.any(pc.invert(in_day)).as_py():
+                raise Declined(f"column {name}: a time of day out of range")
+            return micros
+        if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
+            micros = {
+                Encoding.TIMESTAMP_MILLIS: lambda: _times_1000(wire, name),
+                Encoding.TIMESTAMP_MICROS: lambda: wire,
+                Encoding.TIMESTAMP_NANOS: lambda: _floor_div_1000(wire),
+            }[enc]()
+            return pc.cast(micros, target)
+        if enc is Encoding.TIMESTAMP_ISO:
+            return pc.cast(_iso_instants(wire, name), target)
+        if enc is Encoding.UUID_TEXT:
+            if pc.any(pc.invert(pc.match_substring_regex(wire, _UUID_RE2))).as_py():
+                raise Declined(f"column {name}: a value that is not a UUID")
+            return pc.utf8_lower(wire)
+        if isinstance(column.type, FloatType):
+            if pc.any(pc.greater(pc.abs(wire), _FLOAT32_MAX)).as_py():
+                raise Declined(f"column {name}: a value out of the float range")
+            return pc.cast(wire, pa.float32(), safe=False)
+        return pc.cast(wire, target)  # int64 → int32 raises on overflow
+    except (pa.ArrowInvalid, OverflowError):
+        raise Declined(f"column {name}: a value that does not fit {column.type}") from None
+
+
+@dataclass
+class Decoded:
+    """A batch's changes: the table's columns, :data:`OP_COLUMN` and ``offset``, in record order."""
+
+    rows: pa.Table
+    by_op: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return self.rows.num_rows
+
+
+def decode(
+    values: list[bytes], keys: list[bytes | None], offsets: pa.Array, columns: list[Column], key: list[str]
+) -> Decoded:
+    """Decode non-null Kafka values (tombstones already removed) with their keys and offsets."""
+    if not values:
+        empty = {c.name: pa.array([], output_type(c)) for c in columns}
+        return Decoded(pa.table({**empty, OP_COLUMN: pa.array([], pa.string()), "offset": offsets}))
+    envelope = _parse(values, envelope_schema(columns), "record value")
+    by_name = {c.name: c for c in columns}
+    key_table = _parse(
+        [k if k is not None else b"{}" for k in keys], key_schema([by_name[k] for k in key]), "record key"
+    )
+
+    payload = _column(envelope, "payload")
+    has_payload = pc.is_valid(payload)
+    op = _choose(has_payload, _field(payload, "op"), _column(envelope, "op"))
+    after = _choose(has_payload, _field(payload, "after"), _column(envelope, "after"))
+    before = _choose(has_payload, _field(payload, "before"), _column(envelope, "before"))
+    if op.null_count:
+        raise Declined("an event without an op")
+    if not pc.all(pc.is_in(op, pa.array(VALID_OPS))).as_py():
+        raise Declined("an event with an unknown op")
+    is_delete = pc.equal(op, DELETE_OP)
+    if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
+        raise Declined("a create/update event without an 'after' image")
+
+    key_payload = _column(key_table, "payload")
+    has_key_payload = pc.is_valid(key_payload)
+    out: dict[str, pa.Array] = {}
+    for c in columns:
+        wire = _choose(is_delete, _field(before, c.name), _field(after, c.name))
+        if c.name in key:
+            from_key = _choose(has_key_payload, _field(key_payload, c.name), _column(key_table, c.name))
+            wire = pc.coalesce(from_key, wire)
+            if wire.null_count:
+                raise Declined(f"key column {c.name} is missing")
+        elif c.required and pc.any(pc.and_(pc.invert(is_delete), pc.is_null(wire))).as_py():
+            raise Declined(f"required column {c.name} is null")
+        out[c.name] = convert(c, wire)
+    out[OP_COLUMN] = op
+    out["offset"] = offsets
+    counts = pc.value_counts(op).to_pylist()
+    return Decoded(pa.table(out), {str(c["values"]): int(c["counts"]) for c in counts})
+
+
+def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
+    """The last change (highest offset) of every key, like service.data.debezium.latest_per_key."""
+    if rows.num_rows == 0:
+        return rows
+    rows = rows.take(pc.sort_indices(rows["offset"]))
+    rows = rows.append_column("__icesink_pos", pa.array(range(rows.num_rows), pa.int64()))
+    last = rows.group_by(key, use_threads=False).aggregate([("__icesink_pos", "max")])
+    positions = last["__icesink_pos_max"]
+    return rows.take(pc.take(positions, pc.sort_indices(positions))).drop_columns(["__icesink_pos"])

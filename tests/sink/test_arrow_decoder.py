@@ -1,0 +1,318 @@
+"""The Arrow decoder never disagrees with Spark's: it declines, or it decodes exactly the same values.
+
+Spark's decoder (service.data.debezium) is the reference: it names what is wrong with a record and
+dead-letters it. The Arrow decoder (service.data.arrow_decode) may only take a record that Spark's
+decoder accepts, and must then produce the same value in every column. Each record of a corpus of
+good records and edge cases (every encoding's boundaries, malformed envelopes and keys) is decoded by
+both; the corpus is decoded by Spark in one job and by the Arrow decoder one record at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
+from service.data.columns import Column, column_from_config
+from service.data.debezium import ERROR_COLUMN
+from service.data.debezium import decode as spark_decode
+from service.data.files import OP_COLUMN
+
+COLUMNS: list[Column] = [
+    column_from_config(name, type_text, required, encoding)
+    for name, type_text, required, encoding in [
+        ("id", "long", True, None),
+        ("i32", "int", False, None),
+        ("f32", "float", False, None),
+        ("f64", "double", False, None),
+        ("flag", "boolean", False, None),
+        ("s", "string", False, None),
+        ("req", "string", True, None),
+        ("raw", "binary", False, None),
+        ("dec", "decimal(12,3)", False, None),
+        ("big", "decimal(30,5)", False, None),
+        ("d", "date", False, None),
+        ("t_ms", "time", False, "io.debezium.time.Time"),
+        ("t_us", "time", False, "io.debezium.time.MicroTime"),
+        ("t_ns", "time", False, "io.debezium.time.NanoTime"),
+        ("ts_ms", "timestamp", False, "io.debezium.time.Timestamp"),
+        ("ts_us", "timestamptz", False, "io.debezium.time.MicroTimestamp"),
+        ("ts_ns", "timestamp", False, "io.debezium.time.NanoTimestamp"),
+        ("tz", "timestamptz", False, "io.debezium.time.ZonedTimestamp"),
+        ("u", "uuid", False, None),
+        ("us", "string", False, "uuid-text"),
+    ]
+]
+KEY = ["id"]
+MAX_BYTES = 4000
+
+
+def _b64(n: int, width: int | None = None) -> str:
+    size = width or max(1, (n.bit_length() + 8) // 8)
+    return base64.b64encode(n.to_bytes(size, "big", signed=True)).decode()
+
+
+def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
+    return {
+        "id": key,
+        "i32": rng.randint(-(2**31), 2**31 - 1),
+        "f32": rng.choice([0.1, -2.5, 3.4e38, 1e-40, 123456.789, 7]),
+        "f64": rng.uniform(-1e300, 1e300),
+        "flag": rng.random() < 0.5,
+        "s": rng.choice(["héllo", "", 'a"quote', "tab\t", "é\U0001f600"]),
+        "req": "x",
+        "raw": base64.b64encode(rng.randbytes(rng.randint(1, 9))).decode(),
+        "dec": _b64(rng.randint(-(10**12) + 1, 10**12 - 1)),
+        "big": _b64(rng.randint(-(10**30) + 1, 10**30 - 1)),
+        "d": rng.randint(-800_000, 2_900_000),
+        "t_ms": rng.randint(0, 86_399_999),
+        "t_us": rng.randint(0, 86_399_999_999),
+        "t_ns": rng.randint(0, 86_399_999_999_999),
+        "ts_ms": rng.randint(-(2**41), 2**41),
+        "ts_us": rng.randint(-(2**52), 2**52),
+        "ts_ns": rng.randint(-(2**62), 2**62),
+        "tz": rng.choice(
+            ["2024-02-29T23:59:58.5+02:00", "1969-12-31T23:59:59.999999Z", "2026-11-22T08:00:00-07:30"]
+        ),
+        "u": "6F9619FF-8B86-D011-B42D-00C04FC964FF",
+        "us": "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+    }
+
+
+# Values at and over each encoding's edges: the Arrow decoder must decline or agree.
+EDGES: dict[str, list[Any]] = {
+    "i32": [2**31 - 1, 2**31, -(2**31) - 1, 1.5, "7", True, None, {"a": 1}],
+    "f32": [3.5e38, -3.5e38, 1e39, 1, "1.0", "NaN", None],
+    "f64": [1e308, 5e-324, 12345678901234567890, "x", None],
+    "flag": ["true", 1, None],
+    "s": [5, 1.5, True, {"a": 1}, [1, 2], None],
+    "req": [None],
+    "raw": ["", "abc", "YWJj", "YW Jj", "YWJj\n", "YWI=", "YWI", "Y===", "****", None],
+    "dec": [
+        "",
+        "AA==",
+        "//8=",
+        "gA==",
+        _b64(10**12 - 1),
+        _b64(10**12),
+        _b64(-(10**12)),
+        _b64(5, 9),
+        _b64(-5, 12),
+        "AQAAAAAAAAAAAQ==",
+        "not base64",
+        "AAE",
+        7,
+        None,
+    ],
+    "big": ["", _b64(10**30 - 1), _b64(10**30), _b64(-1, 20), "A=", None],
+    "d": [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 0, "0", None],
+    "t_ms": [-1, 0, 86_399_999, 86_400_000, 2**60, None],
+    "t_us": [-1, 86_399_999_999, 86_400_000_000, None],
+    "t_ns": [-1, 86_399_999_999_999, 86_399_999_999_999_999, 999, None],
+    "ts_ms": [2**62, -(2**62), 9_223_372_036_854_775, 9_223_372_036_854_776, None],
+    "ts_us": [2**63 - 1, -(2**63), 1.5, None],
+    "ts_ns": [1_700_000_000_123_456_789, -1, -999, -1000, -1001, 2**63 - 1, None],
+    "tz": [
+        "2024-02-29T23:59:58Z",
+        "2024-02-29 23:59:58Z",
+        "2024-02-29T23:59:58.1234567Z",
+        "2024-02-30T00:00:00Z",
+        "2024-01-01T00:00:00+14:00",
+        "2024-01-01T00:00:00",
+        "2024-01-01T00:00:00+0200",
+        "0001-01-01T00:00:00Z",
+        "2024-01-01T24:00:00Z",
+        "x",
+        None,
+    ],
+    "u": [
+        "6f9619ff-8b86-d011-b42d-00c04fc964fg",
+        "6f9619ff8b86d011b42d00c04fc964ff",
+        "6f9619ff-8b86-d011-b42d-00c04fc964ff\n",
+        None,
+    ],
+    "us": ["{6f9619ff-8b86-d011-b42d-00c04fc964ff}", None],
+}
+
+
+def _envelope(
+    op: str | None, after: dict[str, Any] | None, before: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {"before": before, "after": after}
+    if op is not None:
+        doc["op"] = op
+    return doc
+
+
+def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
+    """(label, key, value) records."""
+    rng = random.Random(11)
+    records: list[tuple[str, bytes | None, bytes | None]] = []
+
+    def add(label: str, key: Any, value: Any, raw: bool = False) -> None:
+        k = None if key is None else (key if isinstance(key, bytes) else json.dumps(key).encode())
+        v = value if raw else json.dumps(value).encode()
+        records.append((label, k, v))
+
+    for i in range(40):
+        row = _good_row(rng, i)
+        op = rng.choice(["c", "r", "u"])
+        add(f"good {op}", {"id": i}, _envelope(op, row))
+        add("good delete", {"payload": {"id": i}}, {"schema": {}, "payload": _envelope("d", None, {"id": i})})
+        add(
+            "good with payload",
+            {"schema": {"type": "struct"}, "payload": {"id": i}},
+            {"schema": {"x": 1}, "payload": _envelope(op, row)},
+        )
+    for column, values in EDGES.items():
+        for value in values:
+            row = {**_good_row(rng, 1000), column: value}
+            add(f"{column}={value!r}", {"id": 1000}, _envelope("u", row))
+    good = _good_row(rng, 2000)
+    add("no op", {"id": 2000}, _envelope(None, good))
+    add("unknown op", {"id": 2000}, _envelope("x", good))
+    add("create without after", {"id": 2000}, _envelope("c", None))
+    add("delete without before", {"id": 2000}, _envelope("d", None))
+    add("delete, key only in value", None, _envelope("d", None, {"id": 2000}))
+    add("no key anywhere", None, _envelope("u", {**good, "id": None}))
+    add("key only in value", None, _envelope("u", good))
+    add("key differs from value", {"id": 2001}, _envelope("u", good))
+    add("key as text", b"2000", _envelope("u", good))
+    add("key of the wrong type", {"id": "2000"}, _envelope("u", good))
+    add("key in upper case", {"ID": 2000}, _envelope("u", {**good, "id": None}))
+    add(
+        "field in upper case",
+        {"id": 2000},
+        _envelope("u", {**{k.upper(): v for k, v in good.items()}, "id": 2000}),
+    )
+    add("ts_ms of the wrong type", {"id": 2000}, {**_envelope("u", good), "ts_ms": "soon"})
+    add("payload null", {"id": 2000}, {"schema": {}, "payload": None, **_envelope("u", good)})
+    add("before of the wrong type", {"id": 2000}, _envelope("u", good, {"id": "x"}))
+    add("after is text", {"id": 2000}, _envelope("u", "text"))  # type: ignore[arg-type]
+    text = json.dumps(_envelope("u", good))
+    add("not JSON", {"id": 2000}, b"{not json", raw=True)
+    add("array", {"id": 2000}, b"[1, 2]", raw=True)
+    add("empty value", {"id": 2000}, b"", raw=True)
+    add("JSON null", {"id": 2000}, b"null", raw=True)
+    add("pretty printed", {"id": 2000}, json.dumps(_envelope("u", good), indent=1).encode(), raw=True)
+    add("trailing garbage", {"id": 2000}, (text + " x").encode(), raw=True)
+    add("two objects", {"id": 2000}, (text + text).encode(), raw=True)
+    add("duplicate op", {"id": 2000}, text.replace('"op": "u"', '"op": "u", "op": "d"').encode(), raw=True)
+    add(
+        "invalid UTF-8", {"id": 2000}, text.replace('"req": "x"', '"req": "\xff"').encode("latin-1"), raw=True
+    )
+    add("over the size limit", {"id": 2000}, _envelope("u", {**good, "s": "x" * MAX_BYTES}))
+    add("tombstone", {"id": 2000}, None, raw=True)
+    return records
+
+
+def _comparable(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows with dates as epoch days and timestamps as epoch micros (Python's datetime stops at 9999)."""
+    columns = []
+    for column in table.columns:
+        if pa.types.is_date32(column.type):
+            column = column.cast(pa.int32())
+        elif pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        columns.append(column)
+    return pa.table(columns, names=table.column_names).to_pylist()
+
+
+def _normalise(value: Any) -> Any:
+    return value.normalize() if isinstance(value, Decimal) else value
+
+
+@pytest.fixture(scope="module")
+def spark_decoded(spark: SparkSession) -> dict[int, dict[str, Any]]:
+    schema = T.StructType(
+        [
+            T.StructField("key", T.BinaryType()),
+            T.StructField("value", T.BinaryType()),
+            T.StructField("topic", T.StringType()),
+            T.StructField("partition", T.IntegerType()),
+            T.StructField("offset", T.LongType()),
+            T.StructField("timestamp", T.TimestampType()),
+        ]
+    )
+    now = datetime.now(UTC)
+    rows = [(k, v, "t", 0, i, now) for i, (_, k, v) in enumerate(_corpus())]
+    frame = spark.createDataFrame(rows, schema)
+    decoded = spark_decode(frame, COLUMNS, KEY, MAX_BYTES).select(
+        "offset", ERROR_COLUMN, OP_COLUMN, *[c.name for c in COLUMNS]
+    )
+    table = decoded.toArrow()
+    return {r["offset"]: r for r in _comparable(table)}
+
+
+def test_every_column_has_an_arrow_decoder() -> None:
+    assert unsupported(COLUMNS) is None
+
+
+def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, dict[str, Any]]) -> None:
+    corpus = _corpus()
+    accepted, declined, disagreements = [], [], []
+    for offset, (label, key, value) in enumerate(corpus):
+        reference = spark_decoded.get(offset)
+        if value is None:
+            assert reference is None, "Spark's decoder keeps tombstones"
+            continue
+        if len(value) > MAX_BYTES:
+            declined.append(label)  # the batch task declines these before decoding (arrow_batch)
+            assert reference is not None and reference[ERROR_COLUMN], label
+            continue
+        try:
+            got = _comparable(decode([value], [key], pa.array([offset], pa.int64()), COLUMNS, KEY).rows)[0]
+        except Declined:
+            declined.append(label)
+            continue
+        accepted.append(label)
+        assert reference is not None
+        if reference[ERROR_COLUMN] is not None:
+            disagreements.append(
+                f"{label}: Spark dead-letters it ({reference[ERROR_COLUMN]}), Arrow accepted {got}"
+            )
+            continue
+        for name in [OP_COLUMN, *[c.name for c in COLUMNS]]:
+            if _normalise(got[name]) != _normalise(reference[name]):
+                disagreements.append(
+                    f"{label}: column {name}: Arrow {got[name]!r}, Spark {reference[name]!r}"
+                )
+    assert not disagreements, "\n".join(disagreements)
+    good = [label for label in accepted if label.startswith("good")]
+    assert len(good) == 120, f"good records declined: {[x for x in declined if x.startswith('good')]}"
+    # The edges the Arrow decoder takes are part of the proof; print them for the record.
+    print(
+        f"accepted {len(accepted)} records ({len(accepted) - len(good)} edge cases), declined {len(declined)}"
+    )
+
+
+def test_latest_per_key_keeps_the_highest_offset() -> None:
+    rows = pa.table(
+        {
+            "id": pa.array([1, 2, 1, 3, 2], pa.int64()),
+            OP_COLUMN: pa.array(["c", "c", "u", "c", "d"]),
+            "offset": pa.array([10, 11, 12, 13, 9], pa.int64()),
+        }
+    )
+    latest = {r["id"]: (r[OP_COLUMN], r["offset"]) for r in latest_per_key(rows, ["id"]).to_pylist()}
+    assert latest == {1: ("u", 12), 2: ("c", 11), 3: ("c", 13)}
+
+
+def test_a_batch_with_one_bad_record_is_declined() -> None:
+    rng = random.Random(3)
+    values = [json.dumps(_envelope("c", _good_row(rng, i))).encode() for i in range(50)]
+    keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(50)]
+    offsets = pa.array(range(50), pa.int64())
+    assert decode(values, keys, offsets, COLUMNS, KEY).records == 50
+    values[37] = json.dumps(_envelope("c", {**_good_row(rng, 37), "i32": 2**40})).encode()
+    with pytest.raises(Declined, match="i32"):
+        decode(values, keys, offsets, COLUMNS, KEY)
