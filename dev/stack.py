@@ -793,7 +793,12 @@ def kafka_start() -> subprocess.Popen[bytes]:
         shutil.rmtree(data, ignore_errors=True)
         res = subprocess.run(
             kafka_java(
-                "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(props)
+                "kafka.tools.StorageTool",
+                "format",
+                "--standalone",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(props),
             ),
             capture_output=True,
             text=True,
