@@ -86,10 +86,10 @@ class Bench:
 
     # -- icesink -----------------------------------------------------------------------------------
 
-    def icesink(self, mode: str, repo: Path = REPO) -> dict[str, Any]:
+    def icesink(self, mode: str, repo: Path = REPO, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         name = unique(f"bench_{mode}")
         table = f"{name}.t"
-        config = sink_config(self.stack, name, self.topic, table, mode, self.size.batch, 1)
+        config = sink_config(self.stack, name, self.topic, table, mode, self.size.batch, 1, extra=extra)
         sink = Sink(self.stack, self.workdir, name, config, repo)
         log(f"icesink {mode} from {repo}: {name} (log {sink.run.log_path})")
         sink.start("--until-caught-up")
@@ -328,6 +328,11 @@ class Bench:
                     runs[key] = self.icesink(mode, repo)
                     runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                     log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+                if self.args.spark_decoder:
+                    key = f"{part}@spark-decoder"
+                    runs[key] = self.icesink(mode, extra={"source": {"decoder": "spark"}})
+                    runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
+                    log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
             elif part == "merge-into":
                 runs[part] = self.baseline("merge")
             elif part == "spark-append":
@@ -391,6 +396,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, help="override the size's number of events")
     p.add_argument("--batch", type=int, help="override the size's max_offsets_per_trigger")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--spark-decoder",
+        action="store_true",
+        help="also run each icesink configuration with source.decoder=spark (every batch through Spark's decoder)",
+    )
     p.add_argument(
         "--variant",
         action="append",
