@@ -101,10 +101,7 @@ def parse_batches(log: str) -> list[Batch]:
         message = entry.get("message", "")
         if not message.startswith(_COMMITTED):
             continue
-        # "... write 1.23s, commit 0.45s"
-        tail = message.rsplit("write ", 1)[1]
-        write_s = float(tail.split("s,", 1)[0])
-        commit_s = float(tail.rsplit("commit ", 1)[1].rstrip("s"))
+        write_s, commit_s = float(entry["write_s"]), float(entry["commit_s"])
         batches.append(
             Batch(
                 seq=int(entry["seq"]),

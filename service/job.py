@@ -648,6 +648,9 @@ class SinkJob:
                     "records": outcome.records,
                     "bytes": pending.stats["bytes"],
                     "duration_s": round(write_s + commit_s, 3),
+                    "write_s": round(write_s, 3),
+                    "commit_s": round(commit_s, 3),
+                    "decoder": outcome.decoder,
                 }
             },
         )
