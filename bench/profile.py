@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=10_000)
     p.add_argument("--mode", choices=["upsert", "append"], default="upsert")
     p.add_argument("--warmup", type=int, default=2, help="batches left out of the figures")
+    p.add_argument("--decoder", choices=["auto", "spark"], default="auto", help="source.decoder")
     args = p.parse_args(argv)
 
     from pyspark.sql.classic.dataframe import DataFrame
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_topic(stack.kafka, topic, 2)
     produce(stack.kafka, topic, workload.events)
     name = unique("bench_prof")
-    config = parse_config(sink_config(stack, name, topic, f"{name}.t", args.mode, args.batch, 1))
+    extra = {"source": {"decoder": args.decoder}}
+    config = parse_config(sink_config(stack, name, topic, f"{name}.t", args.mode, args.batch, 1, extra=extra))
 
     phases = Phases()
     DataFrame.collect = phases.timed(lambda: _caller(3), DataFrame.collect)  # type: ignore[method-assign]

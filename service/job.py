@@ -415,6 +415,13 @@ class SinkJob:
         except Declined as exc:
             logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
             return False
+        logger.debug(
+            "Arrow batch: %d records; in the tasks: decode + compaction %.2fs, files %.2fs; job %.2fs",
+            batch.records,
+            batch.task_seconds.get("decode", 0.0),
+            batch.task_seconds.get("write", 0.0),
+            time.monotonic() - started,
+        )
         if batch.offsets:
             outcome = BatchOutcome(records=batch.records, by_op=batch.by_op, decoder="arrow")
             offsets = merge_offsets(self.offsets, batch.offsets)

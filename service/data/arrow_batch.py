@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -60,6 +61,7 @@ class ArrowBatch:
     bytes: int = 0
     records: int = 0
     by_op: dict[str, int] = field(default_factory=dict)
+    task_seconds: dict[str, float] = field(default_factory=dict)  # decode / write, summed over tasks
 
 
 def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
@@ -106,6 +108,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
     summary: dict[str, Any] = {"positions": _positions(table)}
     live = table.filter(pc.is_valid(table["value"]))
     write = spec.write
+    started = time.perf_counter()
     try:
         too_big = pc.greater(pc.binary_length(live["value"]), spec.max_record_bytes)
         if pc.any(too_big).as_py():
@@ -117,6 +120,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
             spec.columns,
             write.key,
         )
+        decoded_at = time.perf_counter()
         rows = decoded.rows
         if write.upsert:
             rows = latest_per_key(rows, write.key)
@@ -130,6 +134,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
         yield _row("file", json.dumps(to_json(f)))
     summary["records"] = decoded.records
     summary["by_op"] = decoded.by_op
+    summary["seconds"] = {"decode": decoded_at - started, "write": time.perf_counter() - decoded_at}
     keys = _ipc(rows.select(write.key)) if write.upsert else None
     yield _row("summary", json.dumps(summary), keys)
 
@@ -178,6 +183,8 @@ def run(records: DataFrame, spec: ArrowBatchSpec) -> ArrowBatch:
         result.records += int(summary["records"])
         for op, n in summary["by_op"].items():
             result.by_op[op] = result.by_op.get(op, 0) + int(n)
+        for phase, seconds in summary["seconds"].items():
+            result.task_seconds[phase] = result.task_seconds.get(phase, 0.0) + float(seconds)
     if newest_us is not None:
         result.newest = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=newest_us)
     return result
