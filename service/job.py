@@ -247,17 +247,49 @@ class SinkJob:
         reason = None
         if self.config.source.decoder == "spark":
             reason = "source.decoder is spark"
-        elif self.track_schemas:
-            reason = "the columns come from the events' schema sections, which Spark's decoder tracks"
         elif not self.cadence.every_trigger:
             reason = "commit.min_size/max_period buffer batches"
-        else:
-            reason = unsupported(self.columns)
         if reason:
             logger.info("decoding every batch with Spark's decoder: %s", reason)
             return False
         logger.info("decoding with the Arrow decoder; Spark's decoder takes any batch it declines")
+        self.arrow_schemas: set[str] = set()  # schema sections checked against the table (normalised)
+        self._arrow_skip_reason: str | None = None
         return True
+
+    def _arrow_path_for_this_batch(self) -> bool:
+        """The Arrow path can be off for a while: a column without an Arrow conversion (added by an
+        evolution), or events dead-lettered for their schema (only Spark's decoder knows which)."""
+        reason = unsupported(self.columns)
+        if reason is None and self.rejected_schemas:
+            reason = "events of an incompatible schema are being dead-lettered"
+        if reason != self._arrow_skip_reason:
+            if reason:
+                logger.info("decoding batches with Spark's decoder for now: %s", reason)
+            self._arrow_skip_reason = reason
+        return reason is None
+
+    def _check_schema_sections(self, table: Table, texts: set[str]) -> str | None:
+        """Why the Arrow path can't take events with these schema sections, or None.
+
+        A section is taken when the table needs no change for it and it encodes every column as the
+        sink decodes it now; anything else (a new column, a widening, another encoding, an
+        incompatible change) is for Spark's path, whose schema step evolves the table or refuses.
+        """
+        policy = EvolutionPolicy(self.config.table.schema_evolution)
+        for text in texts - self.arrow_schemas:
+            try:
+                columns = columns_from_envelope_schema(json.loads(text))
+                evolution = plan(table.schema(), columns)
+                check(evolution, policy, self.config.table.identifier)
+            except (SchemaError, ValueError):
+                return "an event schema that does not fit the table"
+            if evolution.changes:
+                return f"an event schema that evolves the table ({evolution.describe()})"
+            if any(self.encodings.get(c.name) != c.encoding for c in columns):
+                return "an event schema that encodes a column differently"
+            self.arrow_schemas.add(text)
+        return None
 
     def _claim(self, attempts: int = 5) -> Lease:
         """Claim the sink, waiting for a predecessor that still holds the row in the middle of a commit.
@@ -365,7 +397,12 @@ class SinkJob:
 
     def process_batch(self, records: DataFrame) -> None:
         """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch)."""
-        if self.arrow_decoder and not self._buffer.frames and self._flush_arrow(records):
+        if (
+            self.arrow_decoder
+            and not self._buffer.frames
+            and self._arrow_path_for_this_batch()
+            and self._flush_arrow(records)
+        ):
             return
         records = records.persist()
         ranges = (
@@ -477,8 +514,10 @@ class SinkJob:
             write=self._write_spec(table),
             columns=self.columns,
             max_record_bytes=self.config.source.max_record_bytes,
+            schema_sections=self.track_schemas,
         )
-        return arrow_batch.run(records, spec)
+        check_schemas = partial(self._check_schema_sections, table) if self.track_schemas else None
+        return arrow_batch.run(records, spec, check_schemas)
 
     def _write_spec(self, table: Table) -> WriteSpec:
         cfg = self.config

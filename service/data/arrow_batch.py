@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -49,6 +49,7 @@ class ArrowBatchSpec:
     write: WriteSpec
     columns: list[Column]
     max_record_bytes: int
+    schema_sections: bool = False  # events carry schema sections; hand them back for checking
 
 
 @dataclass
@@ -119,6 +120,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
             live["offset"].combine_chunks(),
             spec.columns,
             write.key,
+            spec.schema_sections,
         )
         decoded_at = time.perf_counter()
         rows = decoded.rows
@@ -134,6 +136,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
         yield _row("file", json.dumps(to_json(f)))
     summary["records"] = decoded.records
     summary["by_op"] = decoded.by_op
+    summary["schemas"] = decoded.schemas
     summary["seconds"] = {"decode": decoded_at - started, "write": time.perf_counter() - decoded_at}
     keys = _ipc(rows.select(write.key)) if write.upsert else None
     yield _row("summary", json.dumps(summary), keys)
@@ -158,9 +161,12 @@ def _keys_in_two_tasks(blobs: list[bytes]) -> bool:
     return bool(pc.any(pc.greater(counts["count_all"], 1)).as_py())
 
 
-def run(records: DataFrame, spec: ArrowBatchSpec) -> ArrowBatch:
+def run(
+    records: DataFrame, spec: ArrowBatchSpec, check_schemas: Callable[[set[str]], str | None] | None = None
+) -> ArrowBatch:
     """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
-    a task declined or a key turned up in two tasks."""
+    a task declined, a key turned up in two tasks, or ``check_schemas`` gives a reason not to take
+    the events' schema sections (a schema the table must evolve for first)."""
     rows = (
         records.select(*KAFKA_COLUMNS).mapInArrow(partial(process_partition, spec), OUTPUT_SCHEMA).collect()
     )
@@ -169,6 +175,10 @@ def run(records: DataFrame, spec: ArrowBatchSpec) -> ArrowBatch:
     summaries = [(json.loads(r["text"]), r["blob"]) for r in rows if r["kind"] == "summary"]
     if not declined and spec.write.upsert and _keys_in_two_tasks([b for _, b in summaries if b]):
         declined.append("a key has changes in two Kafka partitions")
+    if not declined and check_schemas is not None:
+        reason = check_schemas({text for summary, _ in summaries for text in summary["schemas"]})
+        if reason:
+            declined.append(reason)
     if declined:
         _delete_quietly(spec.write, files)
         raise Declined(declined[0])

@@ -17,6 +17,7 @@ micros, UUID as text), so :func:`service.data.files.write_files` takes either de
 from __future__ import annotations
 
 import binascii
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -308,12 +309,45 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
         raise Declined(f"column {name}: a value that does not fit {column.type}") from None
 
 
+_SCHEMA_PREFIX = b'{"schema":'
+_PAYLOAD_SEPARATOR = b',"payload":'
+
+
+def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str]]:
+    """Kafka Connect's JSON converter writes ``{"schema":{...},"payload":{...}}``, compact, schema
+    first. Returns the values without their schema section and the distinct sections as normalised
+    JSON text. The cut is at the first ``,"payload":``, which can't be inside a JSON string (its
+    quotes would be escaped); if it is a key inside the section, what precedes it is not valid JSON
+    on its own, and the batch is declined.
+    """
+    stripped: list[bytes] = []
+    sections: set[bytes] = set()
+    for value in values:
+        if not value.startswith(_SCHEMA_PREFIX):
+            stripped.append(value)
+            continue
+        cut = value.find(_PAYLOAD_SEPARATOR)
+        if cut < 0:
+            raise Declined("an event with a schema section but no payload after it")
+        sections.add(value[len(_SCHEMA_PREFIX) : cut])
+        stripped.append(b"{" + value[cut + 1 :])
+    texts = []
+    for section in sections:
+        try:
+            texts.append(json.dumps(json.loads(section), sort_keys=True, separators=(",", ":")))
+        except ValueError:
+            raise Declined("a schema section the Arrow decoder can't cut out of its event") from None
+    return stripped, sorted(texts)
+
+
 @dataclass
 class Decoded:
-    """A batch's changes: the table's columns, :data:`OP_COLUMN` and ``offset``, in record order."""
+    """A batch's changes: the table's columns, :data:`OP_COLUMN` and ``offset``, in record order;
+    and the distinct schema sections of the events (normalised JSON), when asked for."""
 
     rows: pa.Table
     by_op: dict[str, int] = field(default_factory=dict)
+    schemas: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -321,9 +355,22 @@ class Decoded:
 
 
 def decode(
-    values: list[bytes], keys: list[bytes | None], offsets: pa.Array, columns: list[Column], key: list[str]
+    values: list[bytes],
+    keys: list[bytes | None],
+    offsets: pa.Array,
+    columns: list[Column],
+    key: list[str],
+    schema_sections: bool = False,
 ) -> Decoded:
-    """Decode non-null Kafka values (tombstones already removed) with their keys and offsets."""
+    """Decode non-null Kafka values (tombstones already removed) with their keys and offsets.
+
+    With ``schema_sections``, the events' schema sections are cut out before parsing and returned:
+    the caller must check that each one is a schema it already knows (no evolution pending) before
+    using the result.
+    """
+    schemas: list[str] = []
+    if schema_sections:
+        values, schemas = split_schema_sections(values)
     if not values:
         empty = {c.name: pa.array([], output_type(c)) for c in columns}
         return Decoded(pa.table({**empty, OP_COLUMN: pa.array([], pa.string()), "offset": offsets}))
@@ -362,7 +409,7 @@ def decode(
     out[OP_COLUMN] = op
     out["offset"] = offsets
     counts = pc.value_counts(op).to_pylist()
-    return Decoded(pa.table(out), {str(c["values"]): int(c["counts"]) for c in counts})
+    return Decoded(pa.table(out), {str(c["values"]): int(c["counts"]) for c in counts}, schemas)
 
 
 def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:

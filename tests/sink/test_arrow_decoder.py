@@ -316,3 +316,30 @@ def test_a_batch_with_one_bad_record_is_declined() -> None:
     values[37] = json.dumps(_envelope("c", {**_good_row(rng, 37), "i32": 2**40})).encode()
     with pytest.raises(Declined, match="i32"):
         decode(values, keys, offsets, COLUMNS, KEY)
+
+
+def test_schema_sections_are_cut_out_and_handed_back() -> None:
+    rng = random.Random(5)
+    compact = {"separators": (",", ":")}
+    schemas = [{"type": "struct", "fields": [{"field": "id", "type": "int64"}], "v": v} for v in (1, 2)]
+    rows = [_good_row(rng, i) for i in range(6)]
+    values = [
+        json.dumps({"schema": schemas[i % 2], "payload": _envelope("c", row)}, **compact).encode()  # type: ignore[arg-type]
+        for i, row in enumerate(rows)
+    ]
+    keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(6)]
+    offsets = pa.array(range(6), pa.int64())
+    with_sections = decode(values, keys, offsets, COLUMNS, KEY, schema_sections=True)
+    plain = [json.dumps(_envelope("c", row)).encode() for row in rows]
+    assert with_sections.rows.equals(decode(plain, keys, offsets, COLUMNS, KEY).rows)
+    assert [json.loads(t)["v"] for t in with_sections.schemas] == [1, 2]
+
+
+def test_a_schema_section_that_hides_the_payload_marker_is_declined() -> None:
+    """The section is cut at the first `,"payload":` (never inside a string, where quotes are
+    escaped); a key "payload" inside the section leaves a cut that is not JSON on its own."""
+    row = _good_row(random.Random(1), 1)
+    schema = {"type": "struct", "parameters": {"x": 1, "payload": 2}, "fields": []}
+    value = json.dumps({"schema": schema, "payload": _envelope("c", row)}, separators=(",", ":")).encode()
+    with pytest.raises(Declined, match="schema section"):
+        decode([value], [b'{"id":1}'], pa.array([0], pa.int64()), COLUMNS, KEY, schema_sections=True)
