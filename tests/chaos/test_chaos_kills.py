@@ -90,8 +90,8 @@ def kill_path(log: str, point: str) -> str:
 
 def test_killed_at_random_moments_and_at_every_fail_point(make_sink: Any, spark: Any) -> None:
     rng = random.Random(SEED)
-    # Events without a schema section: batches take the one-job Arrow path (the other chaos stories
-    # run the Spark path); both share the commit protocol.
+    # Events without a schema section (columns from the configuration), on the Arrow path like the
+    # other stories but the outages one (Spark's decoder); both paths share the commit protocol.
     sink: Sink = make_sink(
         partition_by=["country"],
         with_schema=False,

@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.manifest import ManifestContent
 
@@ -21,15 +22,18 @@ def _catalog(sink: Sink) -> Any:
     return load_catalog(sink.config["catalog"].get("name", "default"), **resolved)
 
 
-def test_upsert_partitioned_by_non_key_column(make_sink: Any, spark: Any) -> None:
+@pytest.mark.parametrize("decoder", ["auto", "spark"])
+def test_upsert_partitioned_by_non_key_column(make_sink: Any, spark: Any, decoder: str) -> None:
     """Rows move between partitions (country changes on update) and deleted keys come back.
 
     Two runs with more changes in between: the second run resumes from the committed offsets.
+    Events with schema sections, through each decoder (auto: the Arrow path).
     """
-    sink: Sink = make_sink(partition_by=["country"], keys=200)
+    sink: Sink = make_sink(partition_by=["country"], keys=200, source={"decoder": decoder})
     sink.produce(1500)
-    sink.run_until_caught_up()
+    first = sink.run_until_caught_up()
     assert_rows(spark, sink.table, sink.source.expected_rows())
+    assert f"{'arrow' if decoder == 'auto' else 'spark'} decoder" in first.log()
 
     sink.produce(800)
     sink.run_until_caught_up()
