@@ -22,7 +22,16 @@ from bench.sink import Sink, sink_config, snapshots, unique
 from bench.stack import REPO, Stack, load_stack, machine, spark_session
 from bench.workload import SteadyProducer, Workload, ensure_topic, produce, record_times
 
-ALL = ("icesink-upsert", "icesink-append", "merge-into", "spark-append", "ceiling", "freshness", "read-side")
+ALL = (
+    "icesink-upsert",
+    "icesink-append",
+    "merge-into",
+    "spark-append",
+    "ceiling",
+    "ceiling-arrow",
+    "freshness",
+    "read-side",
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +46,7 @@ class Size:
 
 
 SIZES = {
-    "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:5]),
+    "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:6]),
     "medium": Size(160_000, 32_000, 20_000, 20, 30, 1_000, ALL),
     "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, ALL),
 }
@@ -167,9 +176,9 @@ class Bench:
             }
         }
 
-    def ceiling(self) -> dict[str, Any]:
-        log("ceiling: decode + latest per key + Parquet, from memory")
-        out = baselines.ceiling(self.session(), self.stack, self.topic, repeats=3)
+    def ceiling(self, arrow: bool = False) -> dict[str, Any]:
+        log(f"ceiling{'-arrow' if arrow else ''}: decode + latest per key + Parquet, from memory")
+        out = baselines.ceiling(self.session(), self.stack, self.topic, repeats=3, arrow=arrow)
         best = sorted(out["times_s"])[len(out["times_s"]) // 2]
         rate = out["events"] / best
         return {
@@ -337,8 +346,8 @@ class Bench:
                 runs[part] = self.baseline("merge")
             elif part == "spark-append":
                 runs[part] = self.baseline("append")
-            elif part == "ceiling":
-                runs[part] = self.ceiling()
+            elif part in ("ceiling", "ceiling-arrow"):
+                runs[part] = self.ceiling(arrow=part == "ceiling-arrow")
             runs[part]["load_1m"] = round(load, 2)
             log(f"{part}: {runs[part]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         if "freshness" in parts:
@@ -370,6 +379,7 @@ class Bench:
             ("icesink-upsert", "merge-into", "upsert vs MERGE INTO (target ≥ 5x)"),
             ("icesink-append", "spark-append", "append vs Spark writeStream"),
             ("ceiling", "icesink-upsert", "ceiling vs icesink upsert (target ≤ 3x)"),
+            ("ceiling-arrow", "icesink-upsert", "ceiling (Arrow decoder) vs icesink upsert"),
         ]
         for a, b, label in pairs:
             if rate(a) and rate(b):

@@ -6,6 +6,8 @@
 * ``append``: ``writeStream.format("iceberg")`` in append mode with the decoded inserts and updates.
 * ``ceiling``: decode + last change per key + one Parquet write of the same rows, from memory to the
   local disk: no Kafka, no catalog, no commit. The same Spark, the same two cores.
+* ``ceiling-arrow``: the same with icesink's Arrow decoder in ``mapInArrow`` tasks (what the sink's
+  Arrow path does, minus Kafka, the object store, the catalog and the commit).
 
 The decoding is what a user writes by hand: JVM expressions only (the Connect decimal's base64
 two's complement turned into a decimal with ``unbase64``/``conv``), no Python UDF.
@@ -198,9 +200,8 @@ class SparkStream:
         return self.run
 
 
-def ceiling(spark: Any, stack: Stack, topic: str, repeats: int = 3) -> dict[str, Any]:
-    """Decode + last change per key + Parquet (zstd) on local disk, from records already in memory."""
-    records = (
+def _in_memory(spark: Any, stack: Stack, topic: str) -> Any:
+    return (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", stack.kafka)
         .option("subscribe", topic)
@@ -209,18 +210,58 @@ def ceiling(spark: Any, stack: Stack, topic: str, repeats: int = 3) -> dict[str,
         .select("key", "value", "topic", "partition", "offset", "timestamp")
         .persist()
     )
+
+
+def _arrow_task(columns: list[Any], key: list[str], out: str, batches: Any) -> Any:
+    """``mapInArrow`` body of ceiling-arrow: decode, last change per key, one Parquet file."""
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from service.data.arrow_decode import decode, latest_per_key
+
+    table = pa.Table.from_batches(list(batches))
+    live = table.filter(pc.is_valid(table["value"]))
+    rows = latest_per_key(
+        decode(
+            live["value"].to_pylist(), live["key"].to_pylist(), live["offset"].combine_chunks(), columns, key
+        ).rows,
+        key,
+    )
+    pq.write_table(rows, f"{out}/{uuid.uuid4().hex}.parquet", compression="zstd")
+    yield pa.RecordBatch.from_pydict({"n": [rows.num_rows]})
+
+
+def ceiling(spark: Any, stack: Stack, topic: str, repeats: int = 3, arrow: bool = False) -> dict[str, Any]:
+    """Decode + last change per key + Parquet (zstd) on local disk, from records already in memory:
+    with Spark's JVM expressions, or (``arrow``) with icesink's Arrow decoder in Python tasks."""
+    from functools import partial
+
+    from bench.workload import COLUMNS
+    from service.data.columns import column_from_config
+
+    records = _in_memory(spark, stack, topic)
     events = records.count()
     out = tempfile.mkdtemp(prefix="icesink-bench-ceiling-")
+    columns = [
+        column_from_config(c["name"], c["type"], c.get("required", False), c.get("encoding")) for c in COLUMNS
+    ]
     times = []
     try:
-        for _ in range(repeats):
+        for attempt in range(repeats):
             started = time.monotonic()
-            (
-                latest_changes(decode_plain(records))
-                .write.mode("overwrite")
-                .option("compression", "zstd")
-                .parquet(f"{out}/rows")
-            )
+            if arrow:
+                task = partial(_arrow_task, columns, ["id"], f"{out}/{attempt}")
+                records.mapInArrow(task, "n long").collect()
+            else:
+                (
+                    latest_changes(decode_plain(records))
+                    .write.mode("overwrite")
+                    .option("compression", "zstd")
+                    .parquet(f"{out}/rows")
+                )
             times.append(time.monotonic() - started)
     finally:
         records.unpersist()
