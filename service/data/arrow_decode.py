@@ -309,28 +309,30 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
         raise Declined(f"column {name}: a value that does not fit {column.type}") from None
 
 
-_SCHEMA_PREFIX = b'{"schema":'
-_PAYLOAD_SEPARATOR = b',"payload":'
+_SCHEMA_PREFIX = re.compile(rb'\{\s*"schema"\s*:')
+_PAYLOAD_SEPARATOR = re.compile(rb',\s*"payload"\s*:')
 
 
 def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str]]:
-    """Kafka Connect's JSON converter writes ``{"schema":{...},"payload":{...}}``, compact, schema
-    first. Returns the values without their schema section and the distinct sections as normalised
-    JSON text. The cut is at the first ``,"payload":``, which can't be inside a JSON string (its
-    quotes would be escaped); if it is a key inside the section, what precedes it is not valid JSON
-    on its own, and the batch is declined.
+    """Kafka Connect's JSON converter writes ``{"schema":{...},"payload":{...}}``, schema first.
+    Returns the values without their schema section and the distinct sections as normalised JSON
+    text. The cut is at the first ``,"payload":`` (whitespace allowed), which can't be inside a JSON
+    string (its quotes would be escaped); if it is a key inside the section, what precedes it is not
+    valid JSON on its own, and the batch is declined. A section and a remainder that both parse make
+    the whole event valid JSON.
     """
     stripped: list[bytes] = []
     sections: set[bytes] = set()
     for value in values:
-        if not value.startswith(_SCHEMA_PREFIX):
+        prefix = _SCHEMA_PREFIX.match(value)
+        if prefix is None:
             stripped.append(value)
             continue
-        cut = value.find(_PAYLOAD_SEPARATOR)
-        if cut < 0:
+        cut = _PAYLOAD_SEPARATOR.search(value, prefix.end())
+        if cut is None:
             raise Declined("an event with a schema section but no payload after it")
-        sections.add(value[len(_SCHEMA_PREFIX) : cut])
-        stripped.append(b"{" + value[cut + 1 :])
+        sections.add(value[prefix.end() : cut.start()])
+        stripped.append(b"{" + value[cut.start() + 1 :])
     texts = []
     for section in sections:
         try:

@@ -320,11 +320,11 @@ def test_a_batch_with_one_bad_record_is_declined() -> None:
 
 def test_schema_sections_are_cut_out_and_handed_back() -> None:
     rng = random.Random(5)
-    compact = {"separators": (",", ":")}
+    spaced = {"separators": (", ", ": ")}  # json.dumps' default; Kafka Connect writes compact JSON
     schemas = [{"type": "struct", "fields": [{"field": "id", "type": "int64"}], "v": v} for v in (1, 2)]
     rows = [_good_row(rng, i) for i in range(6)]
     values = [
-        json.dumps({"schema": schemas[i % 2], "payload": _envelope("c", row)}, **compact).encode()  # type: ignore[arg-type]
+        json.dumps({"schema": schemas[i % 2], "payload": _envelope("c", row)}, **spaced).encode()  # type: ignore[arg-type]
         for i, row in enumerate(rows)
     ]
     keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(6)]
