@@ -307,6 +307,30 @@ class Bench:
             "compaction_s": compaction_s,
         }
 
+    def _throughput_part(self, part: str, runs: dict[str, Any]) -> None:
+        load = os.getloadavg()[0]
+        if part in ("icesink-upsert", "icesink-append"):
+            mode = part.split("-", 1)[1]
+            runs[part] = self.icesink(mode)
+            for label, repo in self.variants.items():
+                key = f"{part}@{label}"
+                runs[key] = self.icesink(mode, repo)
+                runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
+                log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+            if self.args.spark_decoder:
+                key = f"{part}@spark-decoder"
+                runs[key] = self.icesink(mode, extra={"source": {"decoder": "spark"}})
+                runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
+                log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+        elif part == "merge-into":
+            runs[part] = self.baseline("merge")
+        elif part == "spark-append":
+            runs[part] = self.baseline("append")
+        elif part in ("ceiling", "ceiling-arrow"):
+            runs[part] = self.ceiling(arrow=part == "ceiling-arrow")
+        runs[part]["load_1m"] = round(load, 2)
+        log(f"{part}: {runs[part]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+
     # -- all of it ---------------------------------------------------------------------------------
 
     def run(self, parts: list[str]) -> dict[str, Any]:
@@ -328,28 +352,11 @@ class Bench:
             self.prepare()
         runs = r["runs"]
         for part in throughput_parts:
-            load = os.getloadavg()[0]
-            if part in ("icesink-upsert", "icesink-append"):
-                mode = part.split("-", 1)[1]
-                runs[part] = self.icesink(mode)
-                for label, repo in self.variants.items():
-                    key = f"{part}@{label}"
-                    runs[key] = self.icesink(mode, repo)
-                    runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
-                    log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
-                if self.args.spark_decoder:
-                    key = f"{part}@spark-decoder"
-                    runs[key] = self.icesink(mode, extra={"source": {"decoder": "spark"}})
-                    runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
-                    log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
-            elif part == "merge-into":
-                runs[part] = self.baseline("merge")
-            elif part == "spark-append":
-                runs[part] = self.baseline("append")
-            elif part in ("ceiling", "ceiling-arrow"):
-                runs[part] = self.ceiling(arrow=part == "ceiling-arrow")
-            runs[part]["load_1m"] = round(load, 2)
-            log(f"{part}: {runs[part]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+            try:
+                self._throughput_part(part, runs)
+            except Exception as exc:  # keep the other figures
+                log(f"{part} failed: {exc!r}")
+                r.setdefault("errors", []).append(f"{part}: {exc!r}")
         if "freshness" in parts:
             for who, key in (("icesink", "icesink-upsert"), ("merge", "merge-into")):
                 try:

@@ -16,6 +16,7 @@ two's complement turned into a decimal with ``unbase64``/``conv``), no Python UD
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -253,6 +254,7 @@ def ceiling(spark: Any, stack: Stack, topic: str, repeats: int = 3, arrow: bool 
         for attempt in range(repeats):
             started = time.monotonic()
             if arrow:
+                os.makedirs(f"{out}/{attempt}")
                 task = partial(_arrow_task, columns, ["id"], f"{out}/{attempt}")
                 records.mapInArrow(task, "n long").collect()
             else:
