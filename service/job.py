@@ -451,6 +451,7 @@ class SinkJob:
             batch = self._retrying(lambda: self._write_arrow(records))
         except Declined as exc:
             logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
+            self.metrics.declined_batches.add(1, self.metrics.attrs())
             return False
         logger.debug(
             "Arrow batch: %d records; in the tasks: decode + compaction %.2fs, files %.2fs; job %.2fs",

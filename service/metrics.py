@@ -41,6 +41,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "icesink.fenced": ("counter", "{event}"),
     "icesink.records": ("counter", "{record}"),
     "icesink.dead_letters": ("counter", "{record}"),
+    "icesink.batches.declined": ("counter", "{batch}"),
     "icesink.kafka.lag": ("gauge", "{record}"),
     "icesink.freshness": ("gauge", "s"),
 }
@@ -98,6 +99,11 @@ class SinkMetrics:
             "icesink.dead_letters",
             unit="{record}",
             description="Records sent to the dead-letter topic (undecodable or schema-violating)",
+        )
+        self.declined_batches = meter.create_counter(
+            "icesink.batches.declined",
+            unit="{batch}",
+            description="Batches the Arrow decoder declined; Spark's decoder took them",
         )
         meter.create_observable_gauge(
             "icesink.kafka.lag",
