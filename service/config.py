@@ -160,7 +160,11 @@ class WriteConfig(_Section):
     compression_level: int | None = None
     row_group_limit: int | None = Field(default=None, gt=0)
     page_size: int | None = None
-    parallelism: int = Field(default=2, ge=1, description="Spark tasks that write files for one batch.")
+    parallelism: int = Field(
+        default=2,
+        ge=1,
+        description="Spark tasks that write files for one batch on the Spark-decoder path (the Arrow path runs one task per Kafka partition).",
+    )
 
     @field_validator("format")
     @classmethod
