@@ -39,6 +39,11 @@ from service.iceberg.datafile_json import from_json, to_json
 logger = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = "kind string, text string, blob binary"
+# A task holds its share of the batch in memory several times over while it decodes (Arrow, Python
+# bytes, the parsed table): above this many bytes of Kafka rows it declines, and Spark's path, which
+# can spill to disk, takes the batch. Only a large backlog without kafka.max_offsets_per_trigger
+# makes batches that big.
+MAX_TASK_BYTES = 256 * 1024 * 1024
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
 
@@ -50,6 +55,7 @@ class ArrowBatchSpec:
     columns: list[Column]
     max_record_bytes: int
     schema_sections: bool = False  # events carry schema sections; hand them back for checking
+    max_task_bytes: int = MAX_TASK_BYTES
 
 
 @dataclass
@@ -102,7 +108,19 @@ def _ipc(table: pa.Table) -> bytes:
 
 def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: one task's Kafka rows → its files, positions and keys, or a decline."""
-    collected = list(batches)
+    collected: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:  # read to the end either way; keep nothing past the limit
+        held += batch.nbytes
+        if held <= spec.max_task_bytes:
+            collected.append(batch)
+    if held > spec.max_task_bytes:
+        yield _row(
+            "declined",
+            f"a task's share of the batch is over {spec.max_task_bytes >> 20} MiB "
+            "(cap batches with kafka.max_offsets_per_trigger)",
+        )
+        return
     if not collected:
         return
     table = pa.Table.from_batches(collected)

@@ -343,3 +343,30 @@ def test_a_schema_section_that_hides_the_payload_marker_is_declined() -> None:
     value = json.dumps({"schema": schema, "payload": _envelope("c", row)}, separators=(",", ":")).encode()
     with pytest.raises(Declined, match="schema section"):
         decode([value], [b'{"id":1}'], pa.array([0], pa.int64()), COLUMNS, KEY, schema_sections=True)
+
+
+def test_a_task_over_its_memory_bound_declines() -> None:
+    """A huge batch (a backlog without kafka.max_offsets_per_trigger) goes to Spark's path, which spills."""
+    from typing import cast
+
+    from service.data.arrow_batch import ArrowBatchSpec, process_partition
+    from service.data.files import WriteSpec
+
+    rng = random.Random(9)
+    values = [json.dumps(_envelope("c", _good_row(rng, i))).encode() for i in range(100)]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([json.dumps({"id": i}).encode() for i in range(100)], pa.binary()),
+            "value": pa.array(values, pa.binary()),
+            "topic": pa.array(["t"] * 100),
+            "partition": pa.array([0] * 100, pa.int32()),
+            "offset": pa.array(range(100), pa.int64()),
+            "timestamp": pa.array([0] * 100, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    spec = ArrowBatchSpec(
+        write=cast(WriteSpec, None), columns=COLUMNS, max_record_bytes=MAX_BYTES, max_task_bytes=10_000
+    )
+    out = pa.Table.from_batches(list(process_partition(spec, iter([batch, batch])))).to_pylist()
+    assert [r["kind"] for r in out] == ["declined"]
+    assert "kafka.max_offsets_per_trigger" in out[0]["text"]
