@@ -104,21 +104,11 @@ class Bench:
         sink.start("--until-caught-up")
         run = sink.wait(timeout=3600)
         snaps = [s for s in snapshots(self.stack, table) if s["seq"] is not None]
-        commits = [(b.committed_at, b.records) for b in run.batches]
-        rate = figures.steady_rate(commits)
-        events = sum(b.records for b in run.batches)
-        expected = len(self.workload.live) if mode == "upsert" else self.workload.appended
         counted = self.count(table) if not self.args.no_check else None
-        if counted is not None and counted != expected:
-            raise AssertionError(f"icesink {mode}: table has {counted} rows, the model says {expected}")
+        commits = [(b.committed_at, b.records) for b in run.batches]
         return {
             "throughput": {
-                "events": events,
-                "batches": len(run.batches),
-                "events_per_s": rate,
-                "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
-                "cold_events_per_s": events / run.wall_s,
-                "wall_s": run.wall_s,
+                **self._streamed(f"icesink {mode}", commits, run.wall_s, counted, mode == "upsert"),
                 "cpu_s": run.cpu_s,
                 "steady_cpu_s": run.steady_cpu_s,
                 "cpu_ms_per_event": (
@@ -132,7 +122,6 @@ class Bench:
                 "data_files": sum(s["data_files"] for s in snaps),
                 "delete_files": sum(s["delete_files"] for s in snaps),
                 "bytes_written": sum(s["bytes"] for s in snaps),
-                "rows_checked": counted,
             },
             "memory": run.memory,
         }
@@ -156,24 +145,32 @@ class Bench:
         log(f"baseline {kind}: {stream.table}")
         stream.start(self.size.batch, None)
         run = stream.wait(timeout=3600)
-        commits = [(b.committed_at, b.records) for b in run.batches]
-        rate = figures.steady_rate(commits)
-        events = sum(b.records for b in run.batches)
         counted = baselines.table_count(spark, stream.table) if not self.args.no_check else None
-        expected = len(self.workload.live) if kind == "merge" else self.workload.appended
-        if counted is not None and counted != expected:
-            raise AssertionError(f"baseline {kind}: table has {counted} rows, the model says {expected}")
+        commits = [(b.committed_at, b.records) for b in run.batches]
         return {
             "throughput": {
-                "events": events,
-                "batches": len(run.batches),
-                "events_per_s": rate,
-                "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
-                "cold_events_per_s": events / run.wall_s,
-                "wall_s": run.wall_s,
+                **self._streamed(f"baseline {kind}", commits, run.wall_s, counted, kind == "merge"),
                 "batch_s": figures.summarise([b.duration_s for b in run.batches]),
-                "rows_checked": counted,
             }
+        }
+
+    def _streamed(
+        self, who: str, commits: list[tuple[float, int]], wall_s: float, counted: int | None, upsert: bool
+    ) -> dict[str, Any]:
+        """Figures every streaming run has, after checking its table's row count against the model."""
+        expected = len(self.workload.live) if upsert else self.workload.appended
+        if counted is not None and counted != expected:
+            raise AssertionError(f"{who}: table has {counted} rows, the model says {expected}")
+        rate = figures.steady_rate(commits)
+        events = sum(n for _, n in commits)
+        return {
+            "events": events,
+            "batches": len(commits),
+            "events_per_s": rate,
+            "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
+            "cold_events_per_s": events / wall_s,
+            "wall_s": wall_s,
+            "rows_checked": counted,
         }
 
     def ceiling(self, arrow: bool = False) -> dict[str, Any]:
