@@ -229,6 +229,7 @@ class SinkJob:
         self.track_schemas = not self.config.table.columns
         self.known_schemas: set[str] = set()
         self.rejected_schemas: dict[str, str] = {}
+        self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
         self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
         self.arrow_decoder = self._arrow_decoder_usable()
         self.lease: Lease = self._claim()
@@ -253,7 +254,6 @@ class SinkJob:
             logger.info("decoding every batch with Spark's decoder: %s", reason)
             return False
         logger.info("decoding with the Arrow decoder; Spark's decoder takes any batch it declines")
-        self.arrow_schemas: set[str] = set()  # schema sections checked against the table (normalised)
         self._arrow_skip_reason: str | None = None
         return True
 
@@ -580,6 +580,7 @@ class SinkJob:
             self.encodings.update({c.name: c.encoding for c in columns})
             self.known_schemas.add(text)
         self.columns = columns_for_table(table.schema(), self.encodings)
+        self.arrow_schemas.clear()  # checked against the old table and encodings: check them again
 
     def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
         cfg = self.config
