@@ -17,6 +17,7 @@ micros, UUID as text), so :func:`service.data.files.write_files` takes either de
 from __future__ import annotations
 
 import binascii
+import decimal
 import json
 import re
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
     Encoding.STRING: (StringType,),
     Encoding.BYTES_BASE64: (BinaryType,),
     Encoding.DECIMAL_BASE64: (DecimalType,),
+    Encoding.DECIMAL_TEXT: (DecimalType,),
     Encoding.DATE_DAYS: (DateType,),
     Encoding.TIME_MILLIS: (TimeType,),
     Encoding.TIME_MICROS: (TimeType,),
@@ -247,6 +249,30 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
     return pc.if_else(pc.is_valid(low), values, pa.scalar(None, target)) if low.null_count else values
 
 
+_DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+_DECIMAL_CONTEXT = decimal.Context(prec=100, rounding=decimal.ROUND_HALF_UP)
+
+
+def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
+    """decimal.handling.mode=string: plain decimal text, rounded half up to the scale like Spark's cast."""
+    t = column.type
+    assert isinstance(t, DecimalType)
+    quantum = Decimal(1).scaleb(-t.scale)
+    limit = Decimal(10) ** (t.precision - t.scale)
+    out: list[Decimal | None] = []
+    for text in wire.to_pylist():
+        if text is None:
+            out.append(None)
+            continue
+        if len(text) > 80 or not _DECIMAL_TEXT.fullmatch(text):
+            raise Declined(f"column {column.name}: a decimal not written as plain digits")
+        value = _DECIMAL_CONTEXT.quantize(Decimal(text), quantum)
+        if abs(value) >= limit:
+            raise Declined(f"column {column.name}: a decimal that does not fit {t}")
+        out.append(value)
+    return pa.array(out, pa.decimal128(t.precision, t.scale))
+
+
 def _iso_instants(wire: pa.Array, name: str) -> pa.Array:
     matches = pc.match_substring_regex(wire, _ISO_RE2)
     if pc.any(pc.invert(matches)).as_py():
@@ -271,6 +297,8 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
     try:
         if enc is Encoding.DECIMAL_BASE64:
             return _decimals(wire, column)
+        if enc is Encoding.DECIMAL_TEXT:
+            return _decimal_texts(wire, column)
         if enc is Encoding.BYTES_BASE64:
             return pa.array(
                 [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()], pa.binary()
