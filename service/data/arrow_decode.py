@@ -209,6 +209,15 @@ def _times_1000(wire: pa.Array, name: str) -> pa.Array:
         raise Declined(f"column {name}: a value overflows when scaled to microseconds") from None
 
 
+def _micros(wire: pa.Array, encoding: Encoding, name: str) -> pa.Array:
+    """Integer times and timestamps in milli-, micro- or nanoseconds → microseconds."""
+    if encoding in (Encoding.TIME_MILLIS, Encoding.TIMESTAMP_MILLIS):
+        return _times_1000(wire, name)
+    if encoding in (Encoding.TIME_NANOS, Encoding.TIMESTAMP_NANOS):
+        return _floor_div_1000(wire)
+    return wire
+
+
 def _strict_base64(text: str, name: str) -> bytes:
     if not _BASE64.fullmatch(text):
         raise Declined(f"column {name}: a value is not strict base64")
@@ -306,22 +315,13 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
         if enc is Encoding.DATE_DAYS:
             return pc.cast(pc.cast(wire, pa.int32()), pa.date32())
         if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
-            micros = {
-                Encoding.TIME_MILLIS: lambda: _times_1000(wire, name),
-                Encoding.TIME_MICROS: lambda: wire,
-                Encoding.TIME_NANOS: lambda: _floor_div_1000(wire),
-            }[enc]()
+            micros = _micros(wire, enc, name)
             in_day = pc.and_(pc.greater_equal(micros, 0), pc.less(micros, _MICROS_PER_DAY))
             if pc.any(pc.invert(in_day)).as_py():
                 raise Declined(f"column {name}: a time of day out of range")
             return micros
         if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
-            micros = {
-                Encoding.TIMESTAMP_MILLIS: lambda: _times_1000(wire, name),
-                Encoding.TIMESTAMP_MICROS: lambda: wire,
-                Encoding.TIMESTAMP_NANOS: lambda: _floor_div_1000(wire),
-            }[enc]()
-            return pc.cast(micros, target)
+            return pc.cast(_micros(wire, enc, name), target)
         if enc is Encoding.TIMESTAMP_ISO:
             return pc.cast(_iso_instants(wire, name), target)
         if enc is Encoding.UUID_TEXT:
