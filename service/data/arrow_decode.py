@@ -44,29 +44,19 @@ from pyiceberg.types import (
     TimeType,
     UUIDType,
 )
+from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data.columns import Column, Encoding
+from service.data.debezium import spark_type, wire_type
 from service.data.files import DELETE_OP, OP_COLUMN
 
 VALID_OPS = ("c", "r", "u", "d")
-UTC_ZONE = "UTC"  # the session time zone of the sink's Spark (service.job.build_spark)
 _MICROS_PER_DAY = 86_400_000_000
 _FLOAT32_MAX = 3.4028234663852886e38
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _ISO_RE2 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-_INT_WIRE = (
-    Encoding.INTEGER,
-    Encoding.DATE_DAYS,
-    Encoding.TIME_MILLIS,
-    Encoding.TIME_MICROS,
-    Encoding.TIME_NANOS,
-    Encoding.TIMESTAMP_MILLIS,
-    Encoding.TIMESTAMP_MICROS,
-    Encoding.TIMESTAMP_NANOS,
-)
 
 # The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
 _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
@@ -102,35 +92,14 @@ def unsupported(columns: list[Column]) -> str | None:
 
 
 def _wire_type(encoding: Encoding) -> pa.DataType:
-    if encoding in _INT_WIRE:
-        return pa.int64()
-    if encoding is Encoding.FLOATING:
-        return pa.float64()
-    if encoding is Encoding.BOOLEAN:
-        return pa.bool_()
-    return pa.string()
+    """The Arrow type of the JSON value before conversion: that of Spark's decoder (its wire type)."""
+    return to_arrow_type(wire_type(encoding))
 
 
 def output_type(column: Column) -> pa.DataType:
-    """The Arrow type Spark gives the converted column (see service.data.debezium.spark_type)."""
-    t = column.type
-    if isinstance(t, DecimalType):
-        return pa.decimal128(t.precision, t.scale)
-    simple: dict[type[IcebergType], pa.DataType] = {
-        IntegerType: pa.int32(),
-        LongType: pa.int64(),
-        FloatType: pa.float32(),
-        DoubleType: pa.float64(),
-        BooleanType: pa.bool_(),
-        StringType: pa.string(),
-        BinaryType: pa.binary(),
-        DateType: pa.date32(),
-        TimeType: pa.int64(),
-        TimestampType: pa.timestamp("us"),
-        TimestamptzType: pa.timestamp("us", tz=UTC_ZONE),
-        UUIDType: pa.string(),
-    }
-    return simple[type(t)]
+    """The Arrow type Spark hands to ``mapInArrow`` for the converted column (TIME as int64 micros,
+    UUID as text, timestamptz in UTC), so that either decoder's rows go to the same writer."""
+    return to_arrow_type(spark_type(column))
 
 
 def _row_type(columns: list[Column]) -> pa.StructType:
@@ -190,10 +159,6 @@ def _field(struct: pa.Array, name: str) -> pa.Array:
     """A struct's child, null wherever the struct itself is null."""
     child = pc.struct_field(struct, name)
     return pc.if_else(pc.is_valid(struct), child, pa.scalar(None, child.type))
-
-
-def _choose(condition: pa.Array, when_true: pa.Array, when_false: pa.Array) -> pa.Array:
-    return pc.if_else(condition, when_true, when_false)
 
 
 def _floor_div_1000(wire: pa.Array) -> pa.Array:
@@ -412,9 +377,9 @@ def decode(
 
     payload = _column(envelope, "payload")
     has_payload = pc.is_valid(payload)
-    op = _choose(has_payload, _field(payload, "op"), _column(envelope, "op"))
-    after = _choose(has_payload, _field(payload, "after"), _column(envelope, "after"))
-    before = _choose(has_payload, _field(payload, "before"), _column(envelope, "before"))
+    op = pc.if_else(has_payload, _field(payload, "op"), _column(envelope, "op"))
+    after = pc.if_else(has_payload, _field(payload, "after"), _column(envelope, "after"))
+    before = pc.if_else(has_payload, _field(payload, "before"), _column(envelope, "before"))
     if op.null_count:
         raise Declined("an event without an op")
     if not pc.all(pc.is_in(op, pa.array(VALID_OPS))).as_py():
@@ -427,9 +392,9 @@ def decode(
     has_key_payload = pc.is_valid(key_payload)
     out: dict[str, pa.Array] = {}
     for c in columns:
-        wire = _choose(is_delete, _field(before, c.name), _field(after, c.name))
+        wire = pc.if_else(is_delete, _field(before, c.name), _field(after, c.name))
         if c.name in key:
-            from_key = _choose(has_key_payload, _field(key_payload, c.name), _column(key_table, c.name))
+            from_key = pc.if_else(has_key_payload, _field(key_payload, c.name), _column(key_table, c.name))
             wire = pc.coalesce(from_key, wire)
             if wire.null_count:
                 raise Declined(f"key column {c.name} is missing")
