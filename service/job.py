@@ -52,6 +52,7 @@ from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog, parse_partition_field
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
+from service.retrying import Backoff, catalog_answer, log_failure, retry_call
 from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
 from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
@@ -101,6 +102,23 @@ def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
         return send(method, url, *args, **kwargs)
 
     session.request = request
+
+
+def catalog_retries(config: SinkConfig, what: str, call: Callable[[], T]) -> T:
+    """Run a start-up step that talks to the catalog, again after an answer that may pass.
+
+    A catalog whose database connection was just reset answers a 500 once, a busy one a 429: start-up
+    waits and tries again (``commit.retries`` attempts, backoff 0.5 s doubling to 10 s) instead of
+    crashing. Every start-up step is safe to run again: it loads what exists and creates only what is
+    missing.
+    """
+    attempts = config.commit.retries
+    return retry_call(
+        call,
+        Backoff(attempts, initial_s=0.5, max_s=10.0),
+        retry_on=lambda exc: catalog_answer(exc) is not None,
+        on_failure=log_failure(logger, what, attempts),
+    )
 
 
 def build_spark(config: SinkConfig) -> SparkSession:
@@ -202,7 +220,7 @@ class SinkJob:
             application_name=f"icesink:{config.sink_id}",
         )
         self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
-        self.catalog = open_catalog(config)
+        self.catalog = catalog_retries(config, "connecting to the catalog", lambda: open_catalog(config))
         bound_catalog_requests(
             self.catalog, parse_duration(config.catalog.get(REQUEST_TIMEOUT_PROPERTY, "60s")).total_seconds()
         )
@@ -223,14 +241,26 @@ class SinkJob:
         # Kafka first: a broker or topic that can't be reached stops start-up before a table is
         # created or the sink is claimed.
         self.partitions = partitions(self.config.kafka)
-        self.table, self.encodings = resolve_columns(self.config, self.catalog)
+        self.table, self.encodings = catalog_retries(
+            self.config, "loading (or creating) the table", lambda: resolve_columns(self.config, self.catalog)
+        )
         self.columns = columns_for_table(self.table.schema(), self.encodings)
         # Events with schema sections are watched for schema changes; configured columns are fixed.
         self.track_schemas = not self.config.table.columns
         self.known_schemas: set[str] = set()
         self.rejected_schemas: dict[str, str] = {}
         self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
-        self.delete_spec = delete_spec_id(self.table, self.config.table.key) if self.upsert else None
+        self.delete_spec = (
+            catalog_retries(
+                self.config,
+                "choosing the delete spec",
+                lambda: delete_spec_id(
+                    self.catalog.load_table(self.config.table.identifier), self.config.table.key
+                ),
+            )
+            if self.upsert
+            else None
+        )
         self.arrow_decoder = self._arrow_decoder_usable()
         self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
@@ -484,26 +514,21 @@ class SinkJob:
         attempt are orphans (``icesink orphans``). After ``commit.retries`` attempts the error stops the
         sink, and a restart resumes from the committed offsets.
         """
-        attempts = max(1, self.config.commit.retries)
-        backoff = 1.0
-        for attempt in range(1, attempts + 1):
-            try:
-                return write()
-            except (SchemaError, StopRequested, Declined):
-                raise
-            except Exception as exc:
-                if attempt == attempts:
-                    raise
-                logger.warning(
-                    "writing the batch failed (attempt %d/%d); retrying in %.0fs: %s",
-                    attempt,
-                    attempts,
-                    backoff,
-                    _brief(exc),
-                )
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-        raise AssertionError("unreachable")
+        attempts = self.config.commit.retries
+
+        def on_failure(attempt: int, exc: BaseException) -> None:
+            logger.warning(
+                "writing the batch failed (attempt %d/%d): %s", attempt, max(1, attempts), _brief(exc)
+            )
+
+        return retry_call(
+            write,
+            Backoff(attempts, initial_s=1.0, max_s=30.0),
+            retry_on=lambda exc: (
+                isinstance(exc, Exception) and not isinstance(exc, SchemaError | StopRequested | Declined)
+            ),
+            on_failure=on_failure,
+        )
 
     def _evolve_and_write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
         self._evolve(records)

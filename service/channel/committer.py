@@ -5,26 +5,19 @@ Every rule of the design that concerns commits lives here, in one place:
 * the snapshot id is chosen before the precommit and recorded with the files, so after any error or
   unknown outcome the table can be asked "did it land?" (snapshot id, or the ``icesink.*`` summary
   marker) instead of committing twice;
-* a conflict (the branch moved) is never rebased blindly: reload, look for our snapshot, check we
-  are not fenced, then build the snapshot again on the new parent;
+* a conflict (the branch moved, or a commit on another branch raised the table's sequence number) is
+  never rebased blindly: reload, look for our snapshot, check we are not fenced, then build the
+  snapshot again on the new metadata (which catalog answers are retried: ``service.retrying``);
 * a plan found in ``precommit`` at start-up is finished with the same files, never redone.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import requests
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import (
-    CommitFailedException,
-    CommitStateUnknownException,
-    ServerError,
-    ServiceUnavailableError,
-)
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -32,23 +25,10 @@ from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, Pendi
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
+from service.retrying import Backoff, CatalogAnswer, catalog_answer, retry_call
 from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
 
 logger = logging.getLogger(__name__)
-
-# Errors after which the commit's outcome is unknown or the catalog is briefly unavailable.
-# OSError also covers the object store failing while the manifests are written (pyarrow raises
-# OSError): nothing reached the catalog yet, and every retry looks for the snapshot first anyway.
-# A connection dropped in the middle of the catalog's answer is a ChunkedEncodingError.
-_UNKNOWN_OUTCOME = (
-    CommitStateUnknownException,
-    ServerError,
-    ServiceUnavailableError,
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    OSError,
-)
 
 
 @dataclass(frozen=True)
@@ -164,58 +144,78 @@ class Committer:
     ) -> int:
         """Commit the plan's snapshot; return the number of attempts. The only commit retry loop.
 
+        Every attempt starts from the table as the catalog has it now: our snapshot found → done;
+        else the snapshot is built again on the current metadata (parent, sequence number) and sent.
         It runs while the txnlog row is locked, so no other replica can claim meanwhile; before each
         retry ``keep_lock`` proves the lock is still ours (and restarts the idle-in-transaction clock),
         raising ``LockLost`` if the session was reaped: then another replica may own the sink and no
         further attempt is made.
         """
         summary = pending.summary(self.sink_id, self.lease.epoch, seq)
-        backoff = 0.2
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                table = self.catalog.load_table(pending.table)
-                if (found := find_commit(table, self.sink_id, pending.snapshot_id, seq)) is not None:
-                    if attempt > 1 or found.snapshot_id != pending.snapshot_id:
-                        logger.info(
-                            "seq %d is already in %s as snapshot %d", seq, pending.table, found.snapshot_id
-                        )
-                    return attempt
-                assert pending.snapshot_id is not None
-                delta = RowDelta(
-                    table, pending.snapshot_id, pending.data_files, pending.delete_files, summary
-                )
-                failpoint("during_catalog_commit")
-                delta.commit()
-                return attempt
-            except CommitFailedException as exc:
-                self.metrics.commit_failed("conflict")
-                logger.warning(
-                    "commit of seq %d to %s conflicted (attempt %d/%d): %s; checking and retrying",
-                    seq,
-                    pending.table,
-                    attempt,
-                    self.max_attempts,
-                    exc,
-                )
-            except _UNKNOWN_OUTCOME as exc:
-                self.metrics.commit_failed("unknown_outcome")
-                logger.warning(
-                    "commit of seq %d to %s: outcome unknown or catalog unavailable (attempt %d/%d): %s: %s",
-                    seq,
-                    pending.table,
-                    attempt,
-                    self.max_attempts,
-                    type(exc).__name__,
-                    exc,
-                )
-            if attempt == self.max_attempts:
-                break
-            time.sleep(backoff)
-            keep_lock()
-            backoff = min(backoff * 2, self.max_backoff_s)
-        raise CommitGaveUp(
-            f"commit of seq {seq} to {pending.table} failed {self.max_attempts} times; see the log"
-        )
+        attempts = 0
+
+        def attempt() -> int:
+            nonlocal attempts
+            attempts += 1
+            table = self.catalog.load_table(pending.table)
+            if (found := find_commit(table, self.sink_id, pending.snapshot_id, seq)) is not None:
+                if attempts > 1 or found.snapshot_id != pending.snapshot_id:
+                    logger.info(
+                        "seq %d is already in %s as snapshot %d", seq, pending.table, found.snapshot_id
+                    )
+                return attempts
+            assert pending.snapshot_id is not None
+            delta = RowDelta(table, pending.snapshot_id, pending.data_files, pending.delete_files, summary)
+            failpoint("during_catalog_commit")
+            delta.commit()
+            return attempts
+
+        def on_failure(attempt: int, exc: BaseException) -> None:
+            answer = _answer(exc)
+            assert answer is not None
+            self.metrics.commit_failed(answer)
+            logger.warning(
+                "commit of seq %d to %s: %s (attempt %d/%d): %s: %s; checking and retrying",
+                seq,
+                pending.table,
+                _SAYS[answer],
+                attempt,
+                self.max_attempts,
+                type(exc).__name__,
+                exc,
+            )
+
+        try:
+            return retry_call(
+                attempt,
+                Backoff(self.max_attempts, initial_s=0.2, max_s=self.max_backoff_s),
+                retry_on=lambda exc: _answer(exc) is not None,
+                on_failure=on_failure,
+                before_retry=keep_lock,
+            )
+        except Exception as exc:
+            if _answer(exc) is None:
+                raise
+            raise CommitGaveUp(
+                f"commit of seq {seq} to {pending.table} failed {self.max_attempts} times; see the log"
+            ) from exc
+
+
+def _answer(exc: BaseException) -> CatalogAnswer | None:
+    """The catalog's answers worth another attempt, and the object store failing while the manifests
+    are written (pyarrow raises OSError): nothing reached the catalog yet, and every retry looks for
+    the snapshot first anyway."""
+    answer = catalog_answer(exc)
+    if answer is None and isinstance(exc, OSError):
+        return CatalogAnswer.UNKNOWN_OUTCOME
+    return answer
+
+
+_SAYS = {
+    CatalogAnswer.CONFLICT: "conflicted",
+    CatalogAnswer.RATE_LIMITED: "rate-limited by the catalog",
+    CatalogAnswer.UNKNOWN_OUTCOME: "outcome unknown or catalog unavailable",
+}
 
 
 class CommitGaveUp(RuntimeError):

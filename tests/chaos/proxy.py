@@ -9,21 +9,50 @@ catalog — and then its answer is lost:
 * ``"hang"``: nothing is answered for ``hang_s`` seconds, then the connection is closed (a timeout).
 
 ``down()`` makes every request fail with 503 (the catalog is unavailable) until ``up()``.
+
+``answer_next(method, path, status)`` answers the next request whose method and path match with that
+status and an Iceberg error body, *without* forwarding it (a 429 of a rate limiter, a 500 of a catalog
+whose database connection was just reset): the request never reaches the catalog. Each such answer is
+counted in ``answered``; every error the catalog itself answered is counted in ``upstream_errors``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import socket
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 COMMIT_PATH = re.compile(r"^/v1/(?:[^?]+/)?namespaces/[^/]+/tables/[^/?]+/?(?:\?.*)?$")
+# Paths for answer_next: a table (load, commit, exists), a namespace's tables (create), namespaces.
+TABLE_PATH = COMMIT_PATH
+TABLES_PATH = re.compile(r"^/v1/(?:[^?]+/)?namespaces/[^/]+/tables/?(?:\?.*)?$")
+NAMESPACES_PATH = re.compile(r"^/v1/(?:[^?]+/)?namespaces/?(?:\?.*)?$")
+CONFIG_PATH = re.compile(r"^/v1/config/?(?:\?.*)?$")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A canned answer for the next request matching ``method`` and ``path``."""
+
+    method: str
+    path: re.Pattern[str]
+    status: int
+    message: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def body(self) -> bytes:
+        kind = {400: "BadRequestException", 429: "TooManyRequestsException"}.get(self.status, "ServerError")
+        return json.dumps({"error": {"message": self.message, "type": kind, "code": self.status}}).encode()
+
+
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
@@ -37,6 +66,9 @@ class FaultProxy:
         self.injected: list[tuple[str, str]] = []  # (fault, path) of every lost answer
         self.commits_forwarded = 0
         self.requests = 0
+        self.answers: list[Answer] = []
+        self.answered: list[tuple[int, str, str]] = []  # (status, method, path) of every canned answer
+        self.upstream_errors: list[tuple[int, str, str, str]] = []  # (status, method, path, body)
         self._down = threading.Event()
         self._lock = threading.Lock()
         proxy = self
@@ -75,6 +107,18 @@ class FaultProxy:
         with self._lock:
             self.faults.extend(faults)
 
+    def answer_next(
+        self,
+        method: str,
+        path: re.Pattern[str],
+        status: int,
+        message: str = "answered by the fault proxy",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Answer the next ``method`` request to a ``path`` with ``status``, without forwarding it."""
+        with self._lock:
+            self.answers.append(Answer(method, path, status, message, tuple((headers or {}).items())))
+
     def down(self) -> None:
         self._down.set()
 
@@ -95,6 +139,16 @@ class FaultProxy:
         if self._down.is_set():
             self._answer(req, 503, b'{"error": {"message": "catalog down (fault proxy)", "code": 503}}')
             return
+        with self._lock:
+            answer = next(
+                (a for a in self.answers if a.method == req.command and a.path.match(req.path)), None
+            )
+            if answer is not None:
+                self.answers.remove(answer)
+                self.answered.append((answer.status, req.command, req.path))
+        if answer is not None:
+            self._answer(req, answer.status, answer.body(), answer.headers)
+            return
         fault = None
         is_commit = req.command == "POST" and COMMIT_PATH.match(req.path) is not None
         if is_commit:
@@ -113,6 +167,9 @@ class FaultProxy:
             return
         finally:
             conn.close()
+        if status >= 400:
+            with self._lock:
+                self.upstream_errors.append((status, req.command, req.path, data.decode(errors="replace")))
         if fault is not None:
             with self._lock:
                 self.injected.append((fault, req.path))
@@ -133,8 +190,12 @@ class FaultProxy:
             req.wfile.write(data)
 
     @staticmethod
-    def _answer(req: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    def _answer(
+        req: BaseHTTPRequestHandler, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         req.send_response_only(status)
+        for name, value in headers:
+            req.send_header(name, value)
         req.send_header("Content-Type", "application/json")
         req.send_header("Content-Length", str(len(body)))
         req.end_headers()
