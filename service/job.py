@@ -197,6 +197,10 @@ class _Buffer:
     offsets: Offsets = field(default_factory=dict)
     bytes: int = 0
     newest: datetime | None = None
+    since: float | None = None  # time.monotonic() when the first batch was buffered
+
+    def age(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
 
 
 @dataclass
@@ -227,7 +231,7 @@ class SinkJob:
         self.fatal: BaseException | None = None
         self._batch_lock = threading.Lock()
         self._buffer = _Buffer()
-        self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period, time.monotonic())
+        self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period)
         self._stop_requested = threading.Event()
 
     def request_stop(self) -> None:
@@ -385,6 +389,7 @@ class SinkJob:
                 # possibly while this loop still waits: that is the graceful path too.
                 while query.isActive and not self._stop_requested.is_set():
                     query.awaitTermination(1)
+                    self._flush_when_idle()
                 if query.isActive:
                     logger.info("stop requested: finishing the batch in flight, then stopping")
                     with self._batch_lock:
@@ -402,6 +407,8 @@ class SinkJob:
                 raise self.fatal from None
             raise
         finally:
+            if query.isActive:  # this loop failed (an idle flush): no batch may run after it
+                query.stop()
             self.health.set_not_ready("stopped")
             lag_monitor.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -412,16 +419,48 @@ class SinkJob:
         if self._stop_requested.is_set():
             self.fatal = StopRequested("stop requested before the batch started")
             raise self.fatal
-        try:
-            with self._batch_lock:
-                self.process_batch(records)
-        except Fenced as exc:
-            self.metrics.fenced.add(1, self.metrics.attrs())
-            self.fatal = SinkFenced(str(exc))
-            raise
-        except BaseException as exc:
-            self.fatal = exc
-            raise
+        self._exclusive(lambda: self.process_batch(records))
+
+    def _flush_when_idle(self) -> None:
+        """Commit a buffer whose ``commit.max_period`` passed while no micro-batch came.
+
+        Spark runs no micro-batch while no record arrives, so the batch path alone would leave the
+        buffer of the last batches before a pause invisible until traffic resumes.
+        """
+        buffer = self._buffer
+        if not buffer.frames or not self.cadence.due(buffer.bytes, buffer.age(time.monotonic())):
+            return
+
+        def flush() -> None:
+            buffer = self._buffer  # a batch may have flushed it meanwhile
+            if buffer.frames and self.cadence.due(buffer.bytes, buffer.age(time.monotonic())):
+                logger.info(
+                    "commit.max_period passed with no new batch: committing %d buffered batch(es), %d bytes",
+                    len(buffer.frames),
+                    buffer.bytes,
+                )
+                self.flush()
+
+        self._exclusive(flush)
+
+    def _exclusive(self, work: Callable[[], None]) -> None:
+        """Run batch work (a micro-batch, or an idle flush) under the batch lock.
+
+        The first failure is fatal and recorded: work that comes after it is refused, since the failed
+        work's buffer is gone and committing later offsets would skip its records.
+        """
+        with self._batch_lock:
+            if self.fatal is not None:
+                raise RuntimeError("the sink already failed; nothing more is processed") from self.fatal
+            try:
+                work()
+            except Fenced as exc:
+                self.metrics.fenced.add(1, self.metrics.attrs())
+                self.fatal = SinkFenced(str(exc))
+                raise
+            except BaseException as exc:
+                self.fatal = exc
+                raise
 
     # -- one batch -------------------------------------------------------------------------------------
 
@@ -449,12 +488,15 @@ class SinkJob:
             return
         buffer = self._buffer
         buffer.frames.append(records)
+        now = time.monotonic()
+        if buffer.since is None:
+            buffer.since = now
         for row in ranges:
             buffer.offsets.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
             buffer.bytes += row["bytes"] or 0
             if row["newest"] is not None and (buffer.newest is None or row["newest"] > buffer.newest):
                 buffer.newest = row["newest"]
-        if self.cadence.due(buffer.bytes, time.monotonic()):
+        if self.cadence.due(buffer.bytes, buffer.age(now)):
             self.flush()
         else:
             logger.debug("buffered %d bytes in %d batch(es); not yet due", buffer.bytes, len(buffer.frames))
@@ -501,7 +543,6 @@ class SinkJob:
         self.metrics.write_duration.record(written - started, self.metrics.attrs())
         result = self.committer.commit(pending)
         committed = time.monotonic()
-        self.cadence.committed(committed)
         self.offsets = pending.offsets
         self._record(pending, outcome, result.seq, written - started, committed - written, newest)
 
