@@ -5,13 +5,15 @@
     dev/stack up        start what is not running, wait until every server answers a health check
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
-    dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest), e.g.
+    dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect), e.g.
                         for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
-Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir), an S3 server
-(MinIO built with `go install`, else moto's server) and Iceberg's REST catalog server
-(JDBC backend on the dev Postgres, warehouse on the S3 server). Spark's extra jars are fetched too.
+Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
+an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST catalog server
+(JDBC backend on the dev Postgres, warehouse on the S3 server) and Kafka Connect (standalone worker with
+Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database). Spark's extra jars are
+fetched too.
 
 Only the standard library is used, so this runs with the venv's or the system's python3.
 
@@ -19,7 +21,7 @@ Environment knobs (all optional):
   ICESINK_CACHE_DIR      downloads and builds (default <repo>/.cache; may be shared between clones)
   ICESINK_RUN_DIR        data dirs, logs, pid files (default <repo>/.cache/run)
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
-  ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181
+  ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_S3_SERVER      force minio | moto (default: the first that installs)
   ICESINK_GO_BUILD_TIMEOUT  seconds allowed for one `go install` of an S3 server (default 2400)
   ICESINK_STACK_TIMEOUT  seconds to wait for each server to become healthy (default 180)
@@ -37,6 +39,7 @@ import http.client
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -85,11 +88,13 @@ class Config:
     s3_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_PORT", 19000))
     s3_console_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_CONSOLE_PORT", 19001))
     rest_port: int = field(default_factory=lambda: _env_int("ICESINK_REST_PORT", 18181))
+    connect_port: int = field(default_factory=lambda: _env_int("ICESINK_CONNECT_PORT", 18083))
     # Throwaway credentials of the local dev stack (nothing else uses them).
     pg_user: str = os.environ.get("ICESINK_PG_USER", "icesink")
     pg_password: str = os.environ.get("ICESINK_PG_PASSWORD", "icesink")
     pg_db: str = "icesink"
     pg_catalog_db: str = "iceberg_catalog"
+    pg_cdc_db: str = "cdc"  # the source database Debezium captures (tests create their tables there)
     s3_access_key: str = os.environ.get("ICESINK_S3_ACCESS_KEY", "icesink")
     s3_secret_key: str = os.environ.get("ICESINK_S3_SECRET_KEY", "icesink-secret")
     region: str = "us-east-1"
@@ -106,6 +111,10 @@ class Config:
     @property
     def rest_uri(self) -> str:
         return f"http://{HOST}:{self.rest_port}"
+
+    @property
+    def connect_uri(self) -> str:
+        return f"http://{HOST}:{self.connect_port}"
 
     def pg_dsn(self, db: str) -> str:
         return f"postgresql+psycopg://{self.pg_user}:{self.pg_password}@{HOST}:{self.pg_port}/{db}"
@@ -304,16 +313,54 @@ def _recv(sock: socket.socket, n: int) -> bytes:
 # install: Maven jars, REST launcher, S3 server
 
 
-def maven_fetch(module: str, dest: Path) -> list[Path]:
-    """Copy the runtime jars of dev/maven/<module>/pom.xml into dest (skipped when the pom is unchanged)."""
+# What `dev/stack install` fetches with Maven: dev/maven/<module>/pom.xml -> its runtime jars in this folder.
+MAVEN_MODULES: dict[str, Path] = {
+    "kafka": CACHE / "kafka" / "libs",
+    "rest-catalog": CACHE / "rest-catalog" / "libs",
+    "spark": CACHE / "jars",
+    "connect": CACHE / "connect" / "libs",
+    # A Kafka Connect plugin lives in a folder of its own under the worker's plugin.path.
+    "debezium-postgres": CACHE / "connect" / "plugins" / "debezium-connector-postgres",
+}
+DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
+
+
+def _maven_want(module: str) -> str:
+    return sha256_text((DEV / "maven" / module / "pom.xml").read_text(), MAVEN_DEPENDENCY_PLUGIN)
+
+
+def maven_fetched(module: str) -> bool:
+    return stamp_ok(MAVEN_MODULES[module] / ".stamp", _maven_want(module))
+
+
+def pom_property(module: str, name: str) -> str:
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</", (DEV / "maven" / module / "pom.xml").read_text())
+    if not match:
+        raise StackError(f"dev/maven/{module}/pom.xml has no <{name}> property")
+    return match[1].strip()
+
+
+def check_connect_matches_kafka() -> None:
+    """Kafka Connect's worker is a Kafka client of the broker's own release: the two poms must agree."""
+    broker, worker = pom_property("kafka", "kafka.version"), pom_property("connect", "kafka.version")
+    if broker != worker:
+        raise StackError(
+            f"dev/maven/connect/pom.xml has kafka.version {worker} but dev/maven/kafka/pom.xml has {broker}: "
+            "set both to the same Kafka release"
+        )
+
+
+def maven_fetch(module: str) -> list[Path]:
+    """Copy the runtime jars of dev/maven/<module>/pom.xml into its folder (skipped when the pom is unchanged)."""
     pom = DEV / "maven" / module / "pom.xml"
+    dest = MAVEN_MODULES[module]
     stamp = dest / ".stamp"
-    want = sha256_text(pom.read_text(), MAVEN_DEPENDENCY_PLUGIN)
+    want = _maven_want(module)
     if not stamp_ok(stamp, want):
         if not shutil.which("mvn"):
             raise StackError("mvn not found: run scripts/bootstrap (it installs maven)")
         log(f"fetching {module} jars with Maven into {dest}")
-        tmp = dest.with_name(dest.name + ".tmp")
+        tmp = CACHE / "maven-tmp" / module  # not beside dest: a plugin.path folder must hold only plugins
         shutil.rmtree(tmp, ignore_errors=True)
         argv = [
             "mvn",
@@ -330,8 +377,12 @@ def maven_fetch(module: str, dest: Path) -> list[Path]:
             argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())}
         )
         if res.returncode != 0:
-            raise StackError(f"Maven failed for {pom}:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}")
+            raise StackError(
+                f"Maven failed for {pom} (it downloads from Maven Central into {CACHE / 'm2'}):\n"
+                f"{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+            )
         shutil.rmtree(dest, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(dest)
         stamp.write_text(want + "\n")
     return sorted(dest.glob("*.jar"))
@@ -443,9 +494,9 @@ def cmd_install(_: argparse.Namespace) -> int:
         raise StackError("Java 17+ is required (Kafka 4 brokers need it): run scripts/bootstrap")
     pg_bindir()
     CACHE.mkdir(parents=True, exist_ok=True)
-    maven_fetch("kafka", CACHE / "kafka" / "libs")
-    maven_fetch("rest-catalog", CACHE / "rest-catalog" / "libs")
-    maven_fetch("spark", CACHE / "jars")
+    check_connect_matches_kafka()
+    for module in MAVEN_MODULES:
+        maven_fetch(module)
     build_rest_launcher()
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
@@ -601,6 +652,12 @@ def pg_start() -> subprocess.Popen[bytes]:
         f"unix_socket_directories={sock}",
         "-c",
         "max_connections=200",
+        # Logical decoding for Debezium (pgoutput): one slot and one WAL sender per running connector.
+        # A slot that a killed test left behind keeps WAL; max_slot_wal_keep_size bounds what it can keep.
+        *("-c", "wal_level=logical"),
+        *("-c", "max_replication_slots=20"),
+        *("-c", "max_wal_senders=20"),
+        *("-c", "max_slot_wal_keep_size=1GB"),
     ]
     return spawn(SERVICES["postgres"], argv, user=user)
 
@@ -636,11 +693,22 @@ def psql(sql: str, db: str = "postgres") -> str:
 def pg_health() -> str:
     if not port_open(CFG.pg_port):
         raise StackError(f"nothing listens on {HOST}:{CFG.pg_port}")
-    return psql("SELECT version()").split(" on ")[0]
+    version, wal_level = psql("SELECT version(), current_setting('wal_level')").split("|")
+    return f"{version.split(' on ')[0]}, wal_level={wal_level}"
+
+
+def pg_wal_level_warning() -> None:
+    """A cluster started by an older dev/stack runs without logical decoding until it is restarted."""
+    wal_level = psql("SHOW wal_level")
+    if wal_level != "logical":
+        log(
+            f"warning: postgres runs with wal_level={wal_level} (started before the stack had a CDC source); "
+            "Debezium needs wal_level=logical: `dev/stack restart postgres` applies it"
+        )
 
 
 def pg_create_databases() -> None:
-    for db in (CFG.pg_db, CFG.pg_catalog_db):
+    for db in (CFG.pg_db, CFG.pg_catalog_db, CFG.pg_cdc_db):
         if psql(f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
             psql(f'CREATE DATABASE "{db}"')
             log(f"created database {db}")
@@ -865,6 +933,68 @@ def rest_health() -> str:
     return "GET /v1/config ok"
 
 
+# ---- Kafka Connect (standalone worker) with Debezium's PostgreSQL connector
+
+
+def connect_properties(home: Path) -> str:
+    props = {
+        "bootstrap.servers": f"{HOST}:{CFG.kafka_port}",
+        "listeners": f"http://{HOST}:{CFG.connect_port}",
+        "rest.advertised.host.name": HOST,
+        "rest.advertised.port": str(CFG.connect_port),
+        # Defaults only: each connector names its own converters (see tests/cdc.py, docs/debezium.md).
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        # Standalone mode keeps source offsets in a local file; connectors themselves are registered
+        # over REST and are not kept across a restart of the worker.
+        "offset.storage.file.filename": str(home / "offsets.dat"),
+        "offset.flush.interval.ms": "1000",
+        "plugin.path": str(MAVEN_MODULES["debezium-postgres"].parent),
+        # Every plugin here ships a ServiceLoader manifest: no scan of every class on the plugin path.
+        "plugin.discovery": "service_load",
+    }
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+def connect_start() -> subprocess.Popen[bytes]:
+    if not (maven_fetched("connect") and maven_fetched("debezium-postgres")):
+        raise StackError("Kafka Connect and the Debezium connector are not installed: run dev/stack install")
+    home = RUN / "connect"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "log4j2.properties").write_text(KAFKA_LOG4J)
+    props = home / "worker.properties"
+    props.write_text(connect_properties(home))
+    argv = [
+        java_bin(),
+        "-Xms64m",
+        "-Xmx512m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={home / 'log4j2.properties'}",
+        "-cp",
+        f"{MAVEN_MODULES['connect']}/*",
+        "org.apache.kafka.connect.cli.ConnectStandalone",
+        str(props),
+    ]
+    return spawn(SERVICES["connect"], argv, cwd=home)
+
+
+def connect_health() -> str:
+    conn = http.client.HTTPConnection(HOST, CFG.connect_port, timeout=5)
+    try:
+        conn.request("GET", "/connector-plugins")
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise StackError(f"GET /connector-plugins: HTTP {resp.status} {body[:200]!r}")
+    versions = [p.get("version") for p in json.loads(body) if p.get("class") == DEBEZIUM_POSTGRES]
+    if not versions:
+        raise StackError(f"GET /connector-plugins does not list {DEBEZIUM_POSTGRES}: {body[:300]!r}")
+    return f"Debezium PostgresConnector {versions[0]}"
+
+
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
@@ -878,6 +1008,7 @@ SERVICES: dict[str, Service] = {
     "s3": Service("s3", CFG.s3_port, "minio", s3_start, s3_health, after_healthy=s3_create_bucket),
     "kafka": Service("kafka", CFG.kafka_port, "kafka.Kafka", kafka_start, kafka_health),
     "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
+    "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
 }
 
 
@@ -924,8 +1055,12 @@ def fail(svc: Service, err: Exception) -> int:
     return 1
 
 
+def installed() -> bool:
+    return (CACHE / "s3-server").exists() and all(maven_fetched(module) for module in MAVEN_MODULES)
+
+
 def cmd_up(_: argparse.Namespace) -> int:
-    if not (CACHE / "s3-server").exists() or not spark_jars():
+    if not installed():
         cmd_install(argparse.Namespace())
     _sync_s3_marker()
     timeout = float(_env_int("ICESINK_STACK_TIMEOUT", 180))
@@ -949,12 +1084,19 @@ def cmd_up(_: argparse.Namespace) -> int:
             wait_healthy(svc, timeout)
         except Exception as exc:
             return fail(svc, exc)
-    rest = SERVICES["rest"]
-    try:
-        ensure_started(rest)
-        wait_healthy(rest, timeout)
-    except Exception as exc:
-        return fail(rest, exc)
+    pg_wal_level_warning()
+    # Then the servers that need those: the REST catalog (Postgres, S3) and Kafka Connect (Kafka).
+    later = ["rest", "connect"]
+    for name in later:
+        try:
+            ensure_started(SERVICES[name])
+        except Exception as exc:
+            return fail(SERVICES[name], exc)
+    for name in later:
+        try:
+            wait_healthy(SERVICES[name], timeout)
+        except Exception as exc:
+            return fail(SERVICES[name], exc)
     log(f"stack healthy in {time.monotonic() - started:.1f}s")
     return cmd_status(argparse.Namespace())
 
@@ -1006,7 +1148,7 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
-    for name in ("rest", "kafka", "s3", "postgres"):
+    for name in ("connect", "rest", "kafka", "s3", "postgres"):
         stop(SERVICES[name])
     return 0
 
@@ -1049,6 +1191,8 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_KAFKA_BOOTSTRAP": f"{HOST}:{CFG.kafka_port}",
         "ICESINK_PG_DSN": CFG.pg_dsn(CFG.pg_db),
         "ICESINK_REST_URI": CFG.rest_uri,
+        "ICESINK_CONNECT_URI": CFG.connect_uri,
+        "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),
         "ICESINK_S3_ENDPOINT": CFG.s3_endpoint,
         "ICESINK_WAREHOUSE": CFG.warehouse,
         "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
