@@ -3,8 +3,9 @@
 Every rule of the design that concerns commits lives here, in one place:
 
 * the snapshot id is chosen before the precommit and recorded with the files, so after any error or
-  unknown outcome the table can be asked "did it land?" (snapshot id, or the ``icesink.*`` summary
-  marker) instead of committing twice;
+  unknown outcome the table can be asked "did it land?" instead of committing twice: by that snapshot
+  id, or, once the snapshot was expired, by the ``icesink.<sink_id>.snapshot-id`` table property set
+  in the same catalog commit (:mod:`service.channel.marks`);
 * a conflict (the branch moved, or a commit on another branch raised the table's sequence number) is
   never rebased blindly: reload, look for our snapshot, check we are not fenced, then build the
   snapshot again on the new metadata (which catalog answers are retried: ``service.retrying``);
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
 
+from service.channel.marks import commit_properties, property_key, property_mark
 from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
@@ -39,21 +40,27 @@ class CommitResult:
     resumed: bool = False
 
 
-def find_commit(table: Table, sink_id: str, snapshot_id: int | None, seq: int) -> Snapshot | None:
-    """The snapshot that carries this commit, if it is in the table's history.
+def find_commit(table: Table, sink_id: str, snapshot_id: int, seq: int) -> str | None:
+    """How the table shows that the plan with this pre-generated snapshot id landed, or None.
 
-    The pre-generated id is the first clue; the summary marker (same sink, ``icesink.seq`` at least
-    ``seq``) also finds it after the id was expired, since commits of one sink land in seq order.
+    The snapshot itself is the first proof. Maintenance may have expired it since (the process died
+    between the catalog commit and the txnlog commit, and the sink stayed down meanwhile): then the
+    sink's ``snapshot-id`` table property, set in that same catalog commit, still names it, until the
+    sink's next commit — which can't happen while this plan is pending. Last, the summary marker
+    (same sink, ``icesink.seq`` at least ``seq``).
     """
-    if snapshot_id is not None and (snapshot := table.metadata.snapshot_by_id(snapshot_id)) is not None:
-        return snapshot
+    if table.metadata.snapshot_by_id(snapshot_id) is not None:
+        return "its snapshot"
+    mark = property_mark(table, sink_id)
+    if mark is not None and mark.snapshot_id == snapshot_id:
+        return f"the table property {property_key(sink_id, 'snapshot-id')} (the snapshot was expired)"
     for snapshot in reversed(table.metadata.snapshots):
         summary = snapshot.summary
         if summary is None or summary.get(SUMMARY_SINK_ID) != sink_id:
             continue
         marker = summary.get(SUMMARY_SEQ)
         if marker is not None and marker.isdigit() and int(marker) >= seq:
-            return snapshot
+            return f"the summary of snapshot {snapshot.snapshot_id} ({SUMMARY_SEQ} {marker})"
     return None
 
 
@@ -151,21 +158,29 @@ class Committer:
         raising ``LockLost`` if the session was reaped: then another replica may own the sink and no
         further attempt is made.
         """
+        assert pending.snapshot_id is not None
+        snapshot_id = pending.snapshot_id
         summary = pending.summary(self.sink_id, self.lease.epoch, seq)
+        properties = commit_properties(self.sink_id, seq, snapshot_id, pending.offsets)
         attempts = 0
 
         def attempt() -> int:
             nonlocal attempts
             attempts += 1
             table = self.catalog.load_table(pending.table)
-            if (found := find_commit(table, self.sink_id, pending.snapshot_id, seq)) is not None:
-                if attempts > 1 or found.snapshot_id != pending.snapshot_id:
-                    logger.info(
-                        "seq %d is already in %s as snapshot %d", seq, pending.table, found.snapshot_id
-                    )
+            if (found := find_commit(table, self.sink_id, snapshot_id, seq)) is not None:
+                logger.info(
+                    "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found
+                )
                 return attempts
-            assert pending.snapshot_id is not None
-            delta = RowDelta(table, pending.snapshot_id, pending.data_files, pending.delete_files, summary)
+            delta = RowDelta(
+                table,
+                snapshot_id,
+                pending.data_files,
+                pending.delete_files,
+                summary,
+                table_properties=properties,
+            )
             failpoint("during_catalog_commit")
             delta.commit()
             return attempts

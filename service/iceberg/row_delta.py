@@ -6,7 +6,8 @@ manifest in the same snapshot as the new rows (so the deletes get the same seque
 only to older rows), and a commit whose outcome is unknown must be checked, not repeated. So this
 producer builds the snapshot for an explicit parent and a caller-chosen snapshot id, and commits it
 with exactly one request guarded by ``AssertRefSnapshotId``; deciding what to do after a failure is
-the caller's job (see :mod:`service.channel.committer`).
+the caller's job (see :mod:`service.channel.committer`). Table properties given with the snapshot are
+set by the same request, so they land if and only if the snapshot does.
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ from pyiceberg.table.snapshots import (
     Summary,
     update_snapshot_summaries,
 )
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+    TableUpdate,
+)
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import IntegerType, ListType, NestedField, StructType
 
-CommitRequest = tuple[tuple[AddSnapshotUpdate, SetSnapshotRefUpdate], tuple[AssertRefSnapshotId]]
+CommitRequest = tuple[tuple[TableUpdate, ...], tuple[AssertRefSnapshotId]]
 
 
 class DeleteManifestWriter(ManifestWriterV2):
@@ -105,6 +112,7 @@ class RowDelta:
         delete_files: Iterable[DataFile],
         properties: dict[str, str],
         branch: str = MAIN_BRANCH,
+        table_properties: dict[str, str] | None = None,
     ) -> None:
         self._table = table
         self._metadata: TableMetadata = table.metadata
@@ -121,6 +129,7 @@ class RowDelta:
                 f"a file is listed twice in one commit: {sorted(p for p in paths if paths.count(p) > 1)}"
             )
         self.properties = properties
+        self.table_properties = table_properties or {}
         self.branch = branch
         parent = self._metadata.snapshot_by_name(branch)
         self.parent_snapshot_id: int | None = parent.snapshot_id if parent else None
@@ -190,7 +199,7 @@ class RowDelta:
             summary=self.summary(),
             schema_id=self._metadata.current_schema_id,
         )
-        updates = (
+        updates: tuple[TableUpdate, ...] = (
             AddSnapshotUpdate(snapshot=snapshot),
             SetSnapshotRefUpdate(
                 snapshot_id=self.snapshot_id,
@@ -202,6 +211,8 @@ class RowDelta:
                 min_snapshots_to_keep=None,
             ),
         )
+        if self.table_properties:
+            updates += (SetPropertiesUpdate(updates=self.table_properties),)
         requirements = (AssertRefSnapshotId(snapshot_id=self.parent_snapshot_id, ref=self.branch),)
         return updates, requirements
 
