@@ -29,6 +29,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from service import dead_letter
 from service.channel.cadence import CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
@@ -694,27 +695,14 @@ class SinkJob:
         return self._pending(files, offsets, outcome), outcome
 
     def _dead_letter(self, bad: DataFrame) -> None:
-        def header(name: str, value: F.Column) -> F.Column:
-            return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
-
-        out = bad.select(
-            F.col("key"),
-            F.col("value"),
-            F.array(
-                header("icesink.error", F.col(ERROR_COLUMN)),
-                header("icesink.source.topic", F.col("topic")),
-                header("icesink.source.partition", F.col("partition")),
-                header("icesink.source.offset", F.col("offset")),
-                header("icesink.sink-id", F.lit(self.config.sink_id)),
-            ).alias("headers"),
+        sent = dead_letter.send(
+            bad.withColumnRenamed(ERROR_COLUMN, "error"),
+            self.config.kafka,
+            self.config.dead_letter_topic,
+            self.config.sink_id,
         )
-        (
-            out.write.format("kafka")
-            .options(**spark_options(self.config.kafka))
-            .option("topic", self.config.dead_letter_topic)
-            .option("includeHeaders", "true")
-            .save()
-        )
+        if sent.failed:
+            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
 
     def _record(
         self,

@@ -41,6 +41,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "icesink.fenced": ("counter", "{event}"),
     "icesink.records": ("counter", "{record}"),
     "icesink.dead_letters": ("counter", "{record}"),
+    "icesink.dead_letters.failed": ("counter", "{record}"),
     "icesink.batches.declined": ("counter", "{batch}"),
     "icesink.kafka.lag": ("gauge", "{record}"),
     "icesink.freshness": ("gauge", "s"),
@@ -99,6 +100,11 @@ class SinkMetrics:
             "icesink.dead_letters",
             unit="{record}",
             description="Records sent to the dead-letter topic (undecodable or schema-violating)",
+        )
+        self.dead_letters_failed = meter.create_counter(
+            "icesink.dead_letters.failed",
+            unit="{record}",
+            description="Dead letters the topic refused even without their value; the log names each record",
         )
         self.declined_batches = meter.create_counter(
             "icesink.batches.declined",

@@ -29,6 +29,7 @@ PROMETHEUS = {
     "icesink.fenced": "icesink_fenced_total",
     "icesink.records": "icesink_records_total",
     "icesink.dead_letters": "icesink_dead_letters_total",
+    "icesink.dead_letters.failed": "icesink_dead_letters_failed_total",
     "icesink.batches.declined": "icesink_batches_declined_total",
     "icesink.kafka.lag": "icesink_kafka_lag",
     "icesink.freshness": "icesink_freshness_seconds",
@@ -46,6 +47,7 @@ def exercise(m: SinkMetrics) -> None:
     m.fenced.add(1, m.attrs())
     m.records.add(5, m.attrs(op="c"))
     m.dead_letters.add(2, m.attrs())
+    m.dead_letters_failed.add(1, m.attrs())
     m.declined_batches.add(1, m.attrs())
     m.set_lag({("t", 0): 7, ("t", 1): 0})
     m.set_freshness(3.0)
