@@ -72,9 +72,9 @@ class Stack:
         }
 
 
-def load_stack_env() -> dict[str, str]:
+def load_stack_env(names: tuple[str, ...] = STACK_VARS) -> dict[str, str]:
     """The stack's variables; missing ones are taken from `dev/stack env` and exported into os.environ."""
-    if any(not os.environ.get(name) for name in STACK_VARS):
+    if any(not os.environ.get(name) for name in names):
         res = subprocess.run([str(REPO / "dev" / "stack"), "env"], capture_output=True, text=True, timeout=60)
         if res.returncode != 0:
             pytest.fail(f"`dev/stack env` failed ({res.returncode}):\n{res.stderr}", pytrace=False)
@@ -82,10 +82,10 @@ def load_stack_env() -> dict[str, str]:
             match = re.fullmatch(r"export ([A-Z0-9_]+)=(.*)", line.strip())
             if match:
                 os.environ.setdefault(match[1], shlex.split(match[2])[0] if match[2] else "")
-    missing = [name for name in STACK_VARS if not os.environ.get(name)]
+    missing = [name for name in names if not os.environ.get(name)]
     if missing:
         pytest.fail(f"stack variables not set: {', '.join(missing)} (run `dev/stack install`)", pytrace=False)
-    return {name: os.environ[name] for name in STACK_VARS}
+    return {name: os.environ[name] for name in names}
 
 
 def _check_health(stack: Stack) -> list[str]:

@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from service.sample import Change, SampleSource, ensure_topic, produce
+from tests.cdc import CdcSource
+from tests.conftest import load_stack_env
 
 REPO = Path(__file__).resolve().parents[2]
 ICESINK = [sys.executable, "-m", "service.cli"]
@@ -188,3 +190,19 @@ def make_sink(stack: Any, unique_name: Callable[[str], str], tmp_path: Path) -> 
     for sink in sinks:
         for run in sink.runs:
             run.kill()
+
+
+@pytest.fixture
+def cdc(stack: Any) -> Iterator[CdcSource]:
+    """The stack's CDC source (Postgres database `cdc`, Kafka Connect with Debezium); the connectors a
+    test registers are deleted afterwards, with their replication slots, publications and tables."""
+    env = load_stack_env(("ICESINK_CONNECT_URI", "ICESINK_CDC_DSN"))
+    source = CdcSource(env["ICESINK_CONNECT_URI"], env["ICESINK_CDC_DSN"], stack.kafka_bootstrap)
+    problems = source.problems()
+    if problems:
+        source.close()
+        pytest.fail(
+            "the stack's CDC source is not ready (`dev/stack up`):\n  " + "\n  ".join(problems), pytrace=False
+        )
+    yield source
+    source.close()
