@@ -47,7 +47,7 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data.columns import Column, Encoding
-from service.data.debezium import spark_type, wire_type
+from service.data.debezium import TRUNCATE_OP, spark_type, unscaled_decimal, wire_type
 from service.data.files import DELETE_OP, OP_COLUMN
 
 VALID_OPS = ("c", "r", "u", "d")
@@ -201,7 +201,7 @@ def _unscaled(wire: pa.Array, column: Column, limit: int) -> list[int | None]:
             raise Declined(f"column {column.name}: an empty decimal")
         unscaled = int.from_bytes(raw, "big", signed=True)
         if not -limit < unscaled < limit:
-            raise Declined(f"column {column.name}: a decimal with more than {len(str(limit)) - 1} digits")
+            raise Declined(f"column {column.name}: a decimal out of range for {column.type}")
         out.append(unscaled)
     return out
 
@@ -212,7 +212,7 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
     target = pa.decimal128(t.precision, t.scale)
     unscaled = _unscaled(wire, column, 10**t.precision)
     if t.precision > 18:
-        return pa.array([None if u is None else Decimal(u).scaleb(-t.scale) for u in unscaled], target)
+        return pa.array([None if u is None else unscaled_decimal(u, t.scale) for u in unscaled], target)
     # Up to 18 digits the unscaled value is an int64: lay it out as Arrow's 128-bit little-endian
     # two's complement (low word, then the sign extension) instead of building Decimal objects.
     low = pa.array(unscaled, pa.int64())
@@ -242,7 +242,7 @@ def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
             raise Declined(f"column {column.name}: a decimal not written as plain digits")
         value = _DECIMAL_CONTEXT.quantize(Decimal(text), quantum)
         if abs(value) >= limit:
-            raise Declined(f"column {column.name}: a decimal that does not fit {t}")
+            raise Declined(f"column {column.name}: a decimal out of range for {t}")
         out.append(value)
     return pa.array(out, pa.decimal128(t.precision, t.scale))
 
@@ -382,6 +382,8 @@ def decode(
     before = pc.if_else(has_payload, _field(payload, "before"), _column(envelope, "before"))
     if op.null_count:
         raise Declined("an event without an op")
+    if pc.any(pc.equal(op, TRUNCATE_OP)).as_py():
+        raise Declined("a truncate event, which is a dead letter")
     if not pc.all(pc.is_in(op, pa.array(VALID_OPS))).as_py():
         raise Declined("an event with an unknown op")
     is_delete = pc.equal(op, DELETE_OP)

@@ -7,12 +7,14 @@ goes to the dead-letter topic. Nothing is dropped silently: a value that does no
 
 Envelopes with a ``schema`` section (``{"schema": ..., "payload": {...}}``) and without one
 (``{"before": ..., "after": ..., "op": ...}``) are both accepted; the Kafka key may be
-``{"payload": {"id": 1}}`` or ``{"id": 1}``. Tombstones (null values) are skipped.
+``{"payload": {"id": 1}}`` or ``{"id": 1}``. Tombstones (null values) are skipped. Truncate events
+(``op: t``) are dead letters: see :data:`TRUNCATE_REASON`.
 """
 
 from __future__ import annotations
 
 import base64
+import decimal
 from decimal import Decimal
 
 import pandas as pd
@@ -29,6 +31,11 @@ ERROR_COLUMN = "__icesink_error"
 CORRUPT_COLUMN = "__icesink_corrupt"
 POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
 VALID_OPS = ("c", "r", "u", "d")
+TRUNCATE_OP = "t"
+# A truncate event empties the whole source table. Applying it would take a snapshot that removes
+# every live data file next to the batch's own files, and Debezium gives no order between it and the
+# table's other events unless the topic has one partition, so it is dead-lettered instead, visibly.
+TRUNCATE_REASON = "truncate events are not applied: the table keeps the rows the source truncated"
 _UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _MICROS_PER_DAY = 86_400_000_000
 
@@ -80,8 +87,25 @@ def spark_type(column: Column) -> T.DataType:
     return mapping[key]
 
 
+MAX_DECIMAL_DIGITS = 38  # the widest decimal of Spark, Arrow's decimal128 and Iceberg
+# Decimal arithmetic rounds to the context's precision, 28 digits by default: scaling a wider unscaled
+# value in it would silently drop digits.
+_DECIMAL_CONTEXT = decimal.Context(prec=MAX_DECIMAL_DIGITS)
+
+
+def unscaled_decimal(unscaled: int, scale: int) -> Decimal | None:
+    """The decimal ``unscaled * 10**-scale`` exactly, or None when it has more than 38 digits."""
+    if not -(10**MAX_DECIMAL_DIGITS) < unscaled < 10**MAX_DECIMAL_DIGITS:
+        return None
+    return Decimal(unscaled).scaleb(-scale, _DECIMAL_CONTEXT)
+
+
 def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
-    """Kafka Connect Decimal: base64 of a big-endian two's complement unscaled integer."""
+    """Kafka Connect Decimal: base64 of a big-endian two's complement unscaled integer.
+
+    A value wider than 38 digits is null (so a dead letter): Arrow can't hold it, and handing it to
+    the UDF's Arrow conversion would fail the whole batch, again at every retry.
+    """
 
     def convert(text: object) -> Decimal | None:
         if text is None or (isinstance(text, float) and pd.isna(text)):
@@ -92,7 +116,7 @@ def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
             return None
         if not raw:
             return None
-        return Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+        return unscaled_decimal(int.from_bytes(raw, "big", signed=True), scale)
 
     return values.map(convert)
 
@@ -128,7 +152,7 @@ def _connect_decimal(wire: SparkColumn, scale: int) -> SparkColumn:
 
 
 def _decimal_udf(scale: int) -> F.UserDefinedFunction:
-    @F.pandas_udf(T.DecimalType(38, scale))  # type: ignore[call-overload]
+    @F.pandas_udf(T.DecimalType(MAX_DECIMAL_DIGITS, scale))  # type: ignore[call-overload]
     def decode(values: pd.Series) -> pd.Series:
         return _unscaled_to_decimal(values, scale)
 
@@ -166,6 +190,25 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
     if enc is Encoding.UUID_TEXT:
         return F.when(wire.rlike(_UUID_RE), F.lower(wire))
     return wire.try_cast(target)
+
+
+# Text that Spark's cast to decimal reads as a number (surrounding spaces, a sign and an exponent
+# allowed): if the cast still gives null, the number is too wide for the column.
+_NUMBER_TEXT_RE = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
+
+
+def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
+    """The dead-letter reason for a present value that did not convert: "out of range" when it is a
+    well-formed number (an integer or decimal too wide for the column), else "does not fit"."""
+    name, value, type_text = F.lit(column.name), wire.cast("string"), F.lit(str(column.type))
+    does_not_fit = F.format_string("column %s: value %s does not fit type %s", name, value, type_text)
+    out_of_range = F.format_string("column %s: value %s is out of range for %s", name, value, type_text)
+    well_formed = {
+        Encoding.INTEGER: F.lit(True),  # parsed as a long already: only the range can fail
+        Encoding.DECIMAL_BASE64: wire.rlike(_BASE64_RE) & (F.length(wire) > 0),
+        Encoding.DECIMAL_TEXT: wire.rlike(_NUMBER_TEXT_RE),
+    }.get(column.encoding)
+    return does_not_fit if well_formed is None else F.when(well_formed, out_of_range).otherwise(does_not_fit)
 
 
 def _row_struct(columns: list[Column]) -> T.StructType:
@@ -261,6 +304,7 @@ def decode(
             F.lit("malformed event: not JSON or a value of the wrong JSON type"),
         ),
         F.when(F.col(OP_COLUMN).isNull(), F.lit("event has no op (not a Debezium change event)")),
+        F.when(F.col(OP_COLUMN) == TRUNCATE_OP, F.lit(TRUNCATE_REASON)),
         F.when(~F.col(OP_COLUMN).isin(*VALID_OPS), F.format_string("unknown op '%s'", F.col(OP_COLUMN))),
         F.when(~is_delete & F.col("after").isNull(), F.lit("create/update event without an 'after' image")),
     ]
@@ -270,17 +314,7 @@ def decode(
         wire = F.coalesce(wire, image_wire) if wire is not None else image_wire
         converted = convert(c, wire)
         values[c.name] = converted
-        errors.append(
-            F.when(
-                wire.isNotNull() & converted.isNull(),
-                F.format_string(
-                    "column %s: value %s does not fit type %s",
-                    F.lit(c.name),
-                    wire.cast("string"),
-                    F.lit(str(c.type)),
-                ),
-            )
-        )
+        errors.append(F.when(wire.isNotNull() & converted.isNull(), _misfit(c, wire)))
         if c.name in key:
             errors.append(F.when(wire.isNull(), F.lit(f"key column {c.name} is missing")))
         elif c.required:

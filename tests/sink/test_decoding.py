@@ -6,7 +6,7 @@ import base64
 import json
 import uuid
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -50,7 +50,7 @@ KEY_SCHEMA = {"type": "struct", "fields": [FIELDS[0]]}
 
 
 def _unscaled(value: Decimal, scale: int) -> str:
-    n = int(value.scaleb(scale))
+    n = int(value.scaleb(scale, Context(prec=100)))  # the default context rounds to 28 digits
     return base64.b64encode(n.to_bytes(max(1, (n.bit_length() + 8) // 8), "big", signed=True)).decode()
 
 
