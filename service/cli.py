@@ -24,6 +24,7 @@ EXIT_FENCED = 3
 
 
 def _run(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.channel.committer import LogBehindTable
     from service.health import Health
     from service.job import SinkFenced, SinkJob
     from service.source import SourceError
@@ -39,7 +40,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except SinkFenced as exc:
         logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
         return EXIT_FENCED
-    except (SchemaError, SourceError) as exc:
+    except (SchemaError, SourceError, LogBehindTable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
     return EXIT_OK
@@ -97,6 +98,19 @@ def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.reseed import NothingToReseed, reseed
+    from txnlog import InvalidPhase
+
+    try:
+        done = reseed(config)
+    except (NothingToReseed, InvalidPhase) as exc:
+        logger.error("nothing re-seeded: %s", exc)
+        return EXIT_CONFIG
+    print(json.dumps(done, indent=2))
+    return EXIT_OK
+
+
 def _duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
@@ -109,6 +123,7 @@ COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "status": _status,
     "check": _check,
     "orphans": _orphans,
+    "txnlog reseed": _txnlog_reseed,
 }
 
 
@@ -138,8 +153,17 @@ def parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="only files older than this (default 1h): younger ones may belong to a batch in flight",
     )
-    for name in ("run", "status", "check", "orphans"):
-        sub.choices[name].add_argument("--config", "-c", required=True, help="the sink's YAML file")
+    txnlog = sub.add_parser("txnlog", help="repair the sink's transaction log").add_subparsers(
+        dest="txnlog_command", required=True
+    )
+    txnlog.add_parser(
+        "reseed",
+        help="when the table holds newer commits of the sink than the log (the log went back in time): "
+        "record the table's last commit of the sink (seq, snapshot id, offsets) as the log's committed "
+        "plan, so the sink resumes from the offsets the table covers; prints what was recorded (JSON)",
+    )
+    for leaf in [*(sub.choices[n] for n in ("run", "status", "check", "orphans")), *txnlog.choices.values()]:
+        leaf.add_argument("--config", "-c", required=True, help="the sink's YAML file")
     return p
 
 
@@ -151,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"icesink: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log)
-    return COMMANDS[args.command](config, args)
+    command = " ".join(c for c in (args.command, getattr(args, "txnlog_command", None)) if c)
+    return COMMANDS[command](config, args)
 
 
 if __name__ == "__main__":

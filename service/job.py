@@ -1,8 +1,9 @@
 """The streaming job: Kafka → decode → latest change per key → Parquet files → one commit per batch.
 
 Start-up order matters and is the exactly-once story in miniature: claim the sink (fencing any
-older replica), finish a plan left in precommit, and only then start reading Kafka from the
-committed offsets held by the txnlog. Spark's checkpoint is a throwaway directory: the log is the truth.
+older replica), check that the table holds no commit of this sink newer than the log knows, finish a
+plan left in precommit, and only then start reading Kafka from the committed offsets held by the
+txnlog. Spark's checkpoint is a throwaway directory: the log is the truth.
 """
 
 from __future__ import annotations
@@ -271,6 +272,13 @@ class SinkJob:
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
             self.log, self.lease, self.catalog, self.metrics, max_attempts=self.config.commit.retries
+        )
+        self.committer.check_log_is_current(
+            catalog_retries(
+                self.config,
+                "reading the sink's commits in the table",
+                lambda: self.catalog.load_table(self.config.table.identifier),
+            )
         )
         try:
             self.committer.recover()

@@ -29,7 +29,15 @@ from .model import Action, HistoryEntry, JSONDict, Lease, Phase, SinkState
 from .retry import RetryPolicy, driver_error, is_lock_timeout, is_transient, run_with_retry
 from .schema import ensure_schema, tables
 from .settings import SessionSettings
-from .transitions import Change, plan_abort, plan_commit, plan_committing, plan_precommit, require_row
+from .transitions import (
+    Change,
+    plan_abort,
+    plan_commit,
+    plan_committing,
+    plan_precommit,
+    plan_reseed,
+    require_row,
+)
 
 logger = logging.getLogger("txnlog")
 
@@ -461,6 +469,28 @@ class TransactionLog:
 
         state = self._run("abort", lease.sink_id, fn)
         logger.info("abort sink %r epoch %d seq %d", lease.sink_id, lease.epoch, state.seq)
+        return state
+
+    def reseed(self, lease: Lease, *, seq: int, payload: JSONDict, note: JSONDict) -> SinkState:
+        """Make ``payload`` the committed plan ``seq`` of a log that lost its newest transitions.
+
+        The caller's own record of its commits (not this log) says what the last one was; ``seq``
+        must be ahead of the row's. A pending plan is dropped. The history records a ``commit`` whose
+        payload is ``note`` plus ``"operation": "reseed"``. Raises :class:`Fenced` for a stale lease and
+        :class:`InvalidPhase` when ``seq`` is not ahead. See docs/txnlog.md.
+        """
+        plan = normalize_payload(payload)
+        history_note = normalize_payload(note)
+
+        def fn(conn: Connection) -> SinkState:
+            state = require_row(self._read(conn, lease.sink_id, lock=True), lease)
+            change = plan_reseed(state, lease, seq, plan, history_note)
+            if change is None:
+                return state
+            return self._apply(conn, state, lease, change)
+
+        state = self._run("reseed", lease.sink_id, fn)
+        logger.warning("reseeded sink %r at seq %d (epoch %d)", lease.sink_id, seq, lease.epoch)
         return state
 
     @contextmanager

@@ -142,3 +142,46 @@ def plan_abort(state: SinkState, lease: Lease, seq: int | None) -> Change | None
         state.seq,
         state.payload,
     )
+
+
+RESEED = "reseed"  # the ``operation`` of a history entry written by :func:`plan_reseed`
+
+
+def plan_reseed(state: SinkState, lease: Lease, seq: int, payload: JSONDict, note: JSONDict) -> Change | None:
+    """Set the row to a committed plan ``seq`` that the log itself never recorded.
+
+    For a log that lost its newest transitions (restored from a backup, a standby promoted, the row
+    deleted) while the caller's own record (the table) holds later commits: the caller hands the last
+    of them over. ``seq`` must be ahead of the row's, so the rule that a seq never goes back holds; a
+    pending plan is dropped (it belongs to the lost timeline, which the caller's record supersedes).
+    The history gets a ``commit`` entry whose payload is ``note`` with ``operation: reseed``: no new
+    action, so the schema stays as it is. A retry that finds this very reseed done returns ``None``.
+    """
+    if (
+        state.committed_seq == seq
+        and state.committed_epoch == lease.epoch
+        and state.committed_payload == payload
+        and state.phase is Phase.COMMITTED
+    ):
+        return None
+    require_live(state, lease)
+    if seq <= state.seq:
+        raise InvalidPhase(
+            lease.sink_id,
+            RESEED,
+            f"seq {seq} is not ahead of the log's seq {state.seq}; a seq never goes back",
+        )
+    return Change(
+        Action.COMMIT,
+        {
+            "phase": Phase.COMMITTED.value,
+            "seq": seq,
+            "payload": payload,
+            "precommit_epoch": lease.epoch,
+            "committed_seq": seq,
+            "committed_epoch": lease.epoch,
+            "committed_payload": payload,
+        },
+        seq,
+        {"operation": RESEED, **note},
+    )

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from service.channel.marks import commit_properties, property_key, property_mark
-from service.channel.pending import SUMMARY_SEQ, SUMMARY_SINK_ID, Offsets, PendingCommit
+from service.channel.marks import commit_properties, latest_mark, property_key, property_mark
+from service.channel.pending import Offsets, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
@@ -40,28 +40,26 @@ class CommitResult:
     resumed: bool = False
 
 
-def find_commit(table: Table, sink_id: str, snapshot_id: int, seq: int) -> str | None:
+def find_commit(table: Table, sink_id: str, snapshot_id: int) -> str | None:
     """How the table shows that the plan with this pre-generated snapshot id landed, or None.
 
-    The snapshot itself is the first proof. Maintenance may have expired it since (the process died
-    between the catalog commit and the txnlog commit, and the sink stayed down meanwhile): then the
-    sink's ``snapshot-id`` table property, set in that same catalog commit, still names it, until the
-    sink's next commit — which can't happen while this plan is pending. Last, the summary marker
-    (same sink, ``icesink.seq`` at least ``seq``).
+    Only this plan's own id counts. The snapshot itself is the first proof. Maintenance may have
+    expired it since (the process died between the catalog commit and the txnlog commit, and the
+    sink stayed down meanwhile): then the sink's ``snapshot-id`` table property, set in that same
+    catalog commit, still names it, until the sink's next commit — which can't happen while this plan
+    is pending. A snapshot of this sink with a seq at or above the plan's is no proof: after the log
+    went back in time it is an older plan's (see :meth:`Committer.check_log_is_current`).
     """
     if table.metadata.snapshot_by_id(snapshot_id) is not None:
         return "its snapshot"
     mark = property_mark(table, sink_id)
     if mark is not None and mark.snapshot_id == snapshot_id:
         return f"the table property {property_key(sink_id, 'snapshot-id')} (the snapshot was expired)"
-    for snapshot in reversed(table.metadata.snapshots):
-        summary = snapshot.summary
-        if summary is None or summary.get(SUMMARY_SINK_ID) != sink_id:
-            continue
-        marker = summary.get(SUMMARY_SEQ)
-        if marker is not None and marker.isdigit() and int(marker) >= seq:
-            return f"the summary of snapshot {snapshot.snapshot_id} ({SUMMARY_SEQ} {marker})"
     return None
+
+
+class LogBehindTable(RuntimeError):
+    """The table holds a newer commit of this sink than the txnlog knows: the log went back in time."""
 
 
 class Committer:
@@ -91,6 +89,28 @@ class Committer:
         state = self.log.state(self.sink_id)
         payload = state.committed_payload if state else None
         return PendingCommit.from_payload(payload).offsets if payload else {}
+
+    def check_log_is_current(self, table: Table) -> None:
+        """Refuse to run when ``table`` holds a commit of this sink with a seq the log never reached.
+
+        In normal operation the table is never ahead of the log: a seq is precommitted before its
+        snapshot exists. A table ahead means the log lost its newest transitions (its database restored
+        from a backup, an asynchronous standby promoted, the sink's row deleted or edited). Running on
+        would re-read offsets the table already covers and give new plans seqs the table already has;
+        ``icesink txnlog reseed`` moves the log to the table's last commit instead.
+        """
+        mark = latest_mark(table, self.sink_id)
+        state = self.lease.state
+        if mark is None or mark.seq <= state.seq:
+            return
+        raise LogBehindTable(
+            f"sink {self.sink_id}: table {'.'.join(table.name())} holds commit seq {mark.seq} of this sink "
+            f"(snapshot {mark.snapshot_id}, per {mark.source}) but the txnlog's highest seq is "
+            f"{state.seq} (schema {self.log.schema!r}): the log went back in time (restored from a "
+            "backup, a standby promoted, the row deleted or edited). Nothing was written to the table. "
+            "To resume from the table's last commit, run `icesink txnlog reseed --config <this file>` "
+            "(docs/operations.md)"
+        )
 
     def recover(self) -> CommitResult | None:
         """Finish a plan left in ``precommit`` by an earlier owner (or by this process before a crash)."""
@@ -168,7 +188,7 @@ class Committer:
             nonlocal attempts
             attempts += 1
             table = self.catalog.load_table(pending.table)
-            if (found := find_commit(table, self.sink_id, snapshot_id, seq)) is not None:
+            if (found := find_commit(table, self.sink_id, snapshot_id)) is not None:
                 logger.info(
                     "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found
                 )

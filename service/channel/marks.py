@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from service.channel.pending import Offsets, offsets_from_json, offsets_to_json
+from service.channel.pending import (
+    SUMMARY_OFFSETS,
+    SUMMARY_SEQ,
+    SUMMARY_SINK_ID,
+    Offsets,
+    offsets_from_json,
+    offsets_to_json,
+)
 
 
 def property_key(sink_id: str, name: str) -> str:
@@ -60,5 +67,35 @@ def property_mark(table: Table, sink_id: str) -> Mark | None:
         seq=seq,
         snapshot_id=_int(props.get(property_key(sink_id, "snapshot-id"))),
         offsets=_offsets(props.get(property_key(sink_id, "offsets"))),
-        source="table properties",
+        source=f"the table properties {property_key(sink_id, '*')}",
     )
+
+
+def summary_marks(table: Table, sink_id: str) -> list[Mark]:
+    """The sink's commits among the snapshots still in the table's metadata."""
+    marks = []
+    for snapshot in table.metadata.snapshots:
+        summary = snapshot.summary
+        if summary is None or summary.get(SUMMARY_SINK_ID) != sink_id:
+            continue
+        seq = _int(summary.get(SUMMARY_SEQ))
+        if seq is not None:
+            marks.append(
+                Mark(
+                    seq=seq,
+                    snapshot_id=snapshot.snapshot_id,
+                    offsets=_offsets(summary.get(SUMMARY_OFFSETS)),
+                    source=f"the summary of snapshot {snapshot.snapshot_id}",
+                )
+            )
+    return marks
+
+
+def latest_mark(table: Table, sink_id: str) -> Mark | None:
+    """The sink's commit with the highest seq the table knows of, from either record.
+
+    The properties are the usual answer (and the one kept on a tie); summaries also cover commits made
+    before the sink set properties, and a table whose properties someone removed.
+    """
+    marks = [m for m in [property_mark(table, sink_id)] if m is not None] + summary_marks(table, sink_id)
+    return max(marks, key=lambda m: m.seq, default=None)

@@ -7,9 +7,13 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
+from sqlalchemy import create_engine, delete, update
 
 from service.sample import Change
 from tests.readers import duckdb_rows, spark_rows
+from txnlog import SinkState
+from txnlog.dsn import parse_dsn
+from txnlog.schema import tables
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -65,3 +69,21 @@ def assert_seqs_increasing(catalog: Catalog, table: str, sink_id: str) -> list[i
     assert len(seqs) == len(set(seqs)), f"duplicate icesink.seq in {table}: {seqs}"
     assert seqs == sorted(seqs), f"icesink.seq not increasing along the history of {table}: {seqs}"
     return seqs
+
+
+def send_txnlog_back(dsn: str, schema: str, sink_id: str, to: SinkState | None) -> None:
+    """Make the sink's txnlog row what it was at ``to`` (a backup restored, a standby promoted), or
+    delete it (``to=None``), behind the log's back: the history is left as it is."""
+    sinks = tables(schema).sinks
+    engine = create_engine(parse_dsn(dsn))
+    try:
+        with engine.begin() as conn:
+            if to is None:
+                conn.execute(delete(sinks).where(sinks.c.sink_id == sink_id))
+                return
+            columns = {c.name for c in sinks.c} - {"sink_id", "claim_token"}
+            conn.execute(
+                update(sinks).where(sinks.c.sink_id == sink_id).values(**{c: getattr(to, c) for c in columns})
+            )
+    finally:
+        engine.dispose()

@@ -22,7 +22,7 @@ from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
 from service.metrics import noop_metrics
 from tests.readers import duckdb_connect
-from tests.sink.expect import assert_seqs_increasing
+from tests.sink.expect import assert_seqs_increasing, send_txnlog_back
 from txnlog import Fenced, Phase, TransactionLog
 
 COLUMNS = [column_from_config("id", "long", True, None), column_from_config("v", "string", False, None)]
@@ -82,7 +82,7 @@ def test_crash_after_precommit_is_resumed_with_the_same_files(
 
     assert result is not None and result.resumed
     landed = rest_catalog.load_table(".".join(table.name()))
-    assert find_commit(landed, sink_id, pending.snapshot_id, result.seq) is not None
+    assert find_commit(landed, sink_id, pending.snapshot_id) is not None
     assert landed.current_snapshot().snapshot_id == pending.snapshot_id  # same pre-generated id
     assert snapshots_of(rest_catalog, table, sink_id) == [1]
     state = log.state(sink_id)
@@ -106,6 +106,27 @@ def test_lost_acknowledgement_is_not_committed_twice(
     assert snapshots_of(rest_catalog, table, sink_id) == [1]
     assert len(rest_catalog.load_table(".".join(table.name())).metadata.snapshots) == 1
     assert log.state(sink_id).phase is Phase.COMMITTED  # type: ignore[union-attr]
+
+
+def test_a_newer_commit_of_the_sink_is_no_proof_that_a_plan_landed(
+    log: TransactionLog, pg_dsn: str, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+) -> None:
+    """The log lost its row; the table holds seqs 1 and 2 of the sink. A new plan (seq 1 again) with
+    other files must land: matching "any snapshot of this sink with seq >= 1" would skip it."""
+    sink_id = unique_name("sink")
+    first = committer(log, rest_catalog, sink_id, "a")
+    first.commit(pending_for(table, [(1, "x", "c")], offset=1))
+    first.commit(pending_for(table, [(2, "y", "c")], offset=2))
+    send_txnlog_back(pg_dsn, log.schema, sink_id, None)
+
+    again = committer(log, rest_catalog, sink_id, "b")
+    pending = pending_for(table, [(3, "z", "c")], offset=3)
+    result = again.commit(pending)
+
+    assert result.seq == 1
+    landed = rest_catalog.load_table(".".join(table.name()))
+    assert landed.current_snapshot().snapshot_id == pending.snapshot_id  # type: ignore[union-attr]
+    assert len(landed.metadata.snapshots) == 3
 
 
 def test_zombie_writer_is_fenced_and_writes_nothing(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -9,13 +10,30 @@ from pyspark.sql import SparkSession
 from service.channel.pending import PendingCommit
 from service.failpoints import KILL_EXIT_CODE
 from tests.sink.conftest import Sink
-from tests.sink.expect import appended_rows, assert_rows, assert_seqs_increasing
+from tests.sink.expect import (
+    appended_rows,
+    assert_rows,
+    assert_seqs_increasing,
+    send_txnlog_back,
+    sink_snapshots,
+)
 from tests.sink.test_end_to_end import _catalog
-from txnlog import Phase, TransactionLog
+from txnlog import Action, Phase, TransactionLog
+
+
+def txnlog_schema(sink: Sink) -> str:
+    return str(sink.config["txnlog"].get("schema", "icesink"))
 
 
 def txnlog_of(sink: Sink, pg_dsn: str) -> TransactionLog:
-    return TransactionLog(pg_dsn, schema=sink.config["txnlog"].get("schema", "icesink"))
+    return TransactionLog(pg_dsn, schema=txnlog_schema(sink))
+
+
+def last_commit_in_table(sink: Sink) -> dict[str, str]:
+    """The summary of the sink's newest snapshot (read directly, not through the sink's code)."""
+    summaries = sink_snapshots(_catalog(sink), sink.table, sink.name)
+    assert summaries, f"no snapshot of {sink.name} in {sink.table}"
+    return summaries[-1]
 
 
 def test_recovery_after_snapshot_expiry_commits_nothing_twice(
@@ -56,3 +74,74 @@ def test_recovery_after_snapshot_expiry_commits_nothing_twice(
     assert_seqs_increasing(catalog, sink.table, sink.name)
     after = txnlog_of(sink, pg_dsn).state(sink.name)
     assert after is not None and after.phase is Phase.COMMITTED and after.committed_seq > state.seq  # type: ignore[operator]
+
+
+def test_txnlog_behind_the_table_refuses_to_start(make_sink: Any, pg_dsn: str) -> None:
+    """The log's row is restored to an older state (a backup, a promoted standby) while the table keeps
+    the newer commits: the sink must not start (new plans would reuse seqs the table already has)."""
+    sink: Sink = make_sink(keys=100)
+    log = txnlog_of(sink, pg_dsn)
+    sink.produce(200)
+    sink.run_until_caught_up()
+    older = log.state(sink.name)
+    sink.produce(200)
+    sink.run_until_caught_up()
+    newest = log.state(sink.name)
+    assert older is not None and newest is not None and newest.seq > older.seq
+
+    send_txnlog_back(pg_dsn, txnlog_schema(sink), sink.name, older)
+    table_seq = int(last_commit_in_table(sink)["icesink.seq"])
+    went_back = log.state(sink.name)
+    assert went_back is not None and went_back.seq == older.seq < table_seq == newest.seq
+    table_before = _catalog(sink).load_table(sink.table).metadata
+
+    sink.produce(50)
+    refused = sink.start("--until-caught-up")
+    assert refused.wait() == 2, refused.log()[-4000:]
+    message = refused.log()
+    for needle in (
+        f"sink {sink.name}: table {sink.table} holds commit seq {table_seq} of this sink",
+        f"the txnlog's highest seq is {older.seq}",
+        "icesink txnlog reseed",
+    ):
+        assert needle in message, message[-4000:]
+    table_after = _catalog(sink).load_table(sink.table).metadata
+    assert table_after.snapshots == table_before.snapshots
+    after = log.state(sink.name)
+    assert after is not None
+    assert (after.seq, after.phase, after.committed_payload) == (
+        older.seq,
+        older.phase,
+        older.committed_payload,
+    )
+
+
+def test_txnlog_reseed_resumes_from_the_table(make_sink: Any, spark: SparkSession, pg_dsn: str) -> None:
+    """The sink's row was deleted; `icesink txnlog reseed` takes the table's last commit as the log's,
+    and the sink resumes from the offsets that commit covers (append mode: a re-read would duplicate)."""
+    sink: Sink = make_sink(mode="append", keys=100)
+    log = txnlog_of(sink, pg_dsn)
+    sink.produce(300)
+    sink.run_until_caught_up()
+    last = last_commit_in_table(sink)
+    send_txnlog_back(pg_dsn, txnlog_schema(sink), sink.name, None)
+    assert log.state(sink.name) is None
+
+    refused = sink.start("--until-caught-up")
+    assert refused.wait() == 2, refused.log()[-4000:]
+    assert "the txnlog's highest seq is 0" in refused.log()
+
+    reseeded = sink.cli("txnlog", "reseed")
+    assert reseeded.returncode == 0, reseeded.stderr[-4000:]
+    done = json.loads(reseeded.stdout)
+    assert (done["seq"], done["offsets"]) == (int(last["icesink.seq"]), json.loads(last["icesink.offsets"]))
+    entry = log.history(sink.name, limit=1)[0]
+    assert entry.action is Action.COMMIT and entry.payload is not None
+    assert entry.payload["operation"] == "reseed" and entry.seq == done["seq"]
+    again = sink.cli("txnlog", "reseed")
+    assert again.returncode == 2 and "not behind the table" in again.stderr, again.stderr[-4000:]
+
+    sink.produce(200)
+    sink.run_until_caught_up()
+    assert_rows(spark, sink.table, appended_rows(sink.history))
+    assert assert_seqs_increasing(_catalog(sink), sink.table, sink.name)[-1] > done["seq"]

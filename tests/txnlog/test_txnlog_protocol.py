@@ -234,6 +234,38 @@ def test_history_records_transitions_and_is_pruned(make_log: MakeLog, sink_id: s
     assert len(log.history(sink_id)) == 5
 
 
+def test_reseed_moves_a_log_that_went_back_ahead(log: TransactionLog, sink_id: str) -> None:
+    """The row lost its newest transitions; the caller's own record says seq 7 was the last commit."""
+    old = log.claim(sink_id, "pod-a")
+    log.precommit(old, {"n": 1})
+    log.commit(old)
+    log.precommit(old, {"n": 2})  # pending, from the lost timeline
+    lease = log.claim(sink_id, "operator")
+    with pytest.raises(InvalidPhase, match="not ahead"):
+        log.reseed(lease, seq=2, payload={"n": 2}, note={})
+    with pytest.raises(Fenced):
+        log.reseed(old, seq=7, payload={"n": 7}, note={})
+
+    fired = _fail_once(log, "reseed", "after_commit")
+    s = log.reseed(lease, seq=7, payload={"n": 7}, note={"from": "table"})
+    assert fired, "the retry after a lost acknowledgement must find the reseed done"
+    assert (s.phase, s.seq, s.pending, s.committed_seq, s.committed_payload) == (
+        Phase.COMMITTED,
+        7,
+        None,
+        7,
+        {"n": 7},
+    )
+    log._fault_hook = None
+    entry = log.history(sink_id, limit=1)[0]
+    assert (entry.action, entry.seq, entry.payload) == (
+        Action.COMMIT,
+        7,
+        {"operation": "reseed", "from": "table"},
+    )
+    assert log.precommit(lease, {"n": 8}).seq == 8
+
+
 def test_list_sinks(log: TransactionLog) -> None:
     assert log.list_sinks() == []
     log.claim("b", "pod-b")
