@@ -51,7 +51,7 @@ from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.datafile_json import from_json
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
-from service.iceberg.tables import delete_spec_id, ensure_table, open_catalog, parse_partition_field
+from service.iceberg.tables import delete_spec, ensure_table, open_catalog, parse_partition_field
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.retrying import Backoff, catalog_answer, log_failure, retry_call
@@ -256,17 +256,6 @@ class SinkJob:
         self.known_schemas: set[str] = set()
         self.rejected_schemas: dict[str, str] = {}
         self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
-        self.delete_spec = (
-            catalog_retries(
-                self.config,
-                "choosing the delete spec",
-                lambda: delete_spec_id(
-                    self.catalog.load_table(self.config.table.identifier), self.config.table.key
-                ),
-            )
-            if self.upsert
-            else None
-        )
         self.arrow_decoder = self._arrow_decoder_usable()
         self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
@@ -596,13 +585,17 @@ class SinkJob:
         return arrow_batch.run(records, spec, check_schemas)
 
     def _write_spec(self, table: Table) -> WriteSpec:
+        """What the tasks need to write this batch's files into ``table`` as it is now."""
         cfg = self.config
+        delete_spec_id = None
+        if self.upsert:
+            table, delete_spec_id = delete_spec(table, cfg.table.key)
         return WriteSpec(
             metadata=table.metadata,
             io_properties=dict(table.io.properties),
             key=list(cfg.table.key),
             upsert=self.upsert,
-            delete_spec_id=self.delete_spec,
+            delete_spec_id=delete_spec_id,
             writer_properties=writer_properties(
                 cfg.write.target_file_size,
                 cfg.write.compression,

@@ -8,6 +8,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -132,30 +133,44 @@ def _create(catalog: Catalog, config: SinkConfig, columns: list[Column]) -> Tabl
     return table
 
 
-def delete_spec_id(table: Table, key: list[str]) -> int:
-    """The spec equality deletes are written with.
+def live_data_spec_ids(table: Table) -> set[int]:
+    """The specs of the data files in the table's current snapshot (read from its manifest list)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return set()
+    return {
+        m.partition_spec_id
+        for m in snapshot.manifests(table.io)
+        if m.content == ManifestContent.DATA and (m.added_files_count or 0) + (m.existing_files_count or 0)
+    }
 
-    Deletes scoped to a partition apply only to data files of that partition (and spec), so they are
-    right only when a key always maps to the same partition: every partition source column is a key
-    column, and no other partitioned spec holds data. Otherwise deletes are global (an unpartitioned
-    spec), added to the table's specs without becoming the default if the table has none.
+
+def delete_spec(table: Table, key: list[str]) -> tuple[Table, int]:
+    """The spec a batch's equality deletes are written with, and the table (reloaded if a spec was added).
+
+    An equality delete scoped to a partition applies only to data files of that partition and spec,
+    so it is right only when a key always maps to the same partition of the files it must reach:
+    the default spec partitions by key columns only and every live data file was written with it.
+    Otherwise (rows may move between partitions, or older files sit in another spec, say after another
+    engine added a partition field) deletes are global: written with an unpartitioned spec, which is
+    added to the table's specs, without becoming the default, if the table has none. Chosen again for
+    every batch, since another engine may change the spec at any time.
     """
     metadata = table.metadata
+    default = metadata.spec()
+    if default.is_unpartitioned():
+        return table, default.spec_id
     schema = table.schema()
     key_ids = {schema.find_field(k).field_id for k in key}
-    default = metadata.spec()
-    partitioned = [s for s in metadata.partition_specs if not s.is_unpartitioned()]
-    if default.is_unpartitioned():
-        return default.spec_id
-    if {f.source_id for f in default.fields} <= key_ids and len(partitioned) == 1:
-        return default.spec_id
+    if {f.source_id for f in default.fields} <= key_ids and live_data_spec_ids(table) <= {default.spec_id}:
+        return table, default.spec_id
     for spec in metadata.partition_specs:
         if spec.is_unpartitioned():
-            return spec.spec_id
+            return table, spec.spec_id
     return _add_unpartitioned_spec(table)
 
 
-def _add_unpartitioned_spec(table: Table) -> int:
+def _add_unpartitioned_spec(table: Table) -> tuple[Table, int]:
     new_id = max(s.spec_id for s in table.metadata.partition_specs) + 1
     spec = PartitionSpec(spec_id=new_id)
     table.catalog.commit_table(
@@ -166,4 +181,4 @@ def _add_unpartitioned_spec(table: Table) -> int:
     logger.info(
         "added unpartitioned spec %d to %s for global equality deletes", new_id, ".".join(table.name())
     )
-    return new_id
+    return table.catalog.load_table(table.name()), new_id
