@@ -14,6 +14,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -204,12 +205,16 @@ class CdcSource:
             for statement in statements:
                 conn.execute(sa.text(statement), params or {})
 
+    def query(self, statement: str) -> list[dict[str, Any]]:
+        """Run one statement in its own transaction; its rows (e.g. of ``RETURNING *``) as psycopg
+        returns the values."""
+        with self.engine.begin() as conn:
+            return [dict(row._mapping) for row in conn.execute(sa.text(statement))]
+
     def rows(self, table: str) -> list[dict[str, Any]]:
-        """``SELECT *`` of ``schema.table`` (quoted as given), as psycopg returns the values."""
+        """``SELECT *`` of ``schema.table`` (quoted as given)."""
         schema, name = table.split(".", 1)
-        with self.engine.connect() as conn:
-            result = conn.execute(sa.text(f'SELECT * FROM "{schema}"."{name}"'))
-            return [dict(row._mapping) for row in result]
+        return self.query(f'SELECT * FROM "{schema}"."{name}"')
 
     def connector_config(
         self,
@@ -276,31 +281,46 @@ class CdcSource:
 
 
 def differences(
-    source: list[dict[str, Any]], table: list[dict[str, Any]], key: str, reader: str
+    source: list[dict[str, Any]], table: list[dict[str, Any]], key: str | None, reader: str
 ) -> list[str]:
-    """Value-by-value differences between the source's rows and a reader's rows of the table.
+    """Value-by-value differences between rows of the source and a reader's rows of the table.
 
-    Values must be equal and of the same Python type. A timestamptz is compared as an instant: pyspark
-    returns it as a naive datetime in the local time of its process, which ``astimezone`` reads as such.
+    With a `key` (upsert mode) rows are matched by it; without one (append mode, where a key has a row
+    per version) the two must hold the same rows the same number of times. Values must be equal and
+    of the same Python type. A timestamptz is compared as an instant: pyspark returns it as a naive
+    datetime in the local time of its process, which ``astimezone`` reads as such.
     """
-    want = {row[key]: row for row in source}
-    got = {row[key]: row for row in table}
+    zoned = {c for row in source for c, v in row.items() if isinstance(v, datetime) and v.tzinfo is not None}
+
+    def comparable(row: dict[str, Any]) -> dict[str, Any]:
+        return {c: v.astimezone(UTC) if c in zoned and isinstance(v, datetime) else v for c, v in row.items()}
+
+    want, got = [comparable(r) for r in source], [comparable(r) for r in table]
+    if key is None:
+        missing, extra = Counter(map(_fingerprint, want)), Counter(map(_fingerprint, got))
+        missing, extra = missing - extra, extra - missing
+        return [f"{reader}: missing {dict(row)}" for row in missing.elements()] + [
+            f"{reader}: unexpected {dict(row)}" for row in extra.elements()
+        ]
+    wanted, read = {row[key]: row for row in want}, {row[key]: row for row in got}
     found = []
-    if len(got) != len(table):
-        found.append(f"{reader}: {len(table) - len(got)} duplicate key(s)")
-    for k in sorted(want.keys() - got.keys()):
-        found.append(f"{reader}: missing {key}={k}: {want[k]}")
-    for k in sorted(got.keys() - want.keys()):
-        found.append(f"{reader}: unexpected {key}={k}: {got[k]}")
-    for k in sorted(want.keys() & got.keys()):
-        expected, actual = want[k], got[k]
+    if len(read) != len(got):
+        found.append(f"{reader}: {len(got) - len(read)} duplicate key(s)")
+    found += [f"{reader}: missing {key}={k}: {wanted[k]}" for k in sorted(wanted.keys() - read.keys())]
+    found += [f"{reader}: unexpected {key}={k}: {read[k]}" for k in sorted(read.keys() - wanted.keys())]
+    for k in sorted(wanted.keys() & read.keys()):
+        expected, actual = wanted[k], read[k]
         if set(expected) != set(actual):
             found.append(f"{reader}: {key}={k}: columns {sorted(actual)} != source {sorted(expected)}")
             continue
-        for column, value in expected.items():
-            read = actual[column]
-            if isinstance(value, datetime) and value.tzinfo is not None and isinstance(read, datetime):
-                value, read = value.astimezone(UTC), read.astimezone(UTC)
-            if value != read or type(value) is not type(read):
-                found.append(f"{reader}: {key}={k} {column}: source {value!r}, table {read!r}")
+        found += [
+            f"{reader}: {key}={k} {column}: source {value!r}, table {actual[column]!r}"
+            for column, value in expected.items()
+            if value != actual[column] or type(value) is not type(actual[column])
+        ]
     return found
+
+
+def _fingerprint(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A row as a hashable value that tells types apart (1 and 1.0, Decimal('1.1') and '1.1')."""
+    return tuple(sorted((column, f"{type(value).__name__}:{value!r}") for column, value in row.items()))
