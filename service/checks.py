@@ -32,11 +32,12 @@ def _txnlog(config: SinkConfig) -> str:
 def _catalog(config: SinkConfig) -> str:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from service.iceberg.tables import open_catalog
+    from service.iceberg.tables import check_writable, open_catalog
 
     catalog = open_catalog(config)
     try:
         table = catalog.load_table(config.table.identifier)
+        check_writable(table, config.table.identifier)
     except NoSuchTableError:
         if not config.table.create:
             raise RuntimeError(
@@ -44,7 +45,7 @@ def _catalog(config: SinkConfig) -> str:
             ) from None
         catalog.list_namespaces()
         return f"reachable; table {config.table.identifier} will be created"
-    return f"table {config.table.identifier} at {table.location()}"
+    return f"table {config.table.identifier} (format v{table.metadata.format_version}) at {table.location()}"
 
 
 def _storage(config: SinkConfig) -> str:

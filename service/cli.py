@@ -24,7 +24,7 @@ EXIT_FENCED = 3
 
 
 def _run(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.channel.committer import LogBehindTable
+    from service.channel.committer import LogBehindTable, PlanUncommittable
     from service.health import Health
     from service.job import SinkFenced, SinkJob
     from service.source import SourceError
@@ -40,7 +40,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except SinkFenced as exc:
         logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
         return EXIT_FENCED
-    except (SchemaError, SourceError, LogBehindTable) as exc:
+    except (SchemaError, SourceError, LogBehindTable, PlanUncommittable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
     return EXIT_OK
@@ -111,6 +111,14 @@ def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.abandon import abandon
+
+    outcome = abandon(config)
+    print(outcome.report)
+    return EXIT_FAILED if outcome.refused else EXIT_OK
+
+
 def _duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
@@ -124,6 +132,7 @@ COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "check": _check,
     "orphans": _orphans,
     "txnlog reseed": _txnlog_reseed,
+    "txnlog abandon": _txnlog_abandon,
 }
 
 
@@ -153,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="only files older than this (default 1h): younger ones may belong to a batch in flight",
     )
-    txnlog = sub.add_parser("txnlog", help="repair the sink's transaction log").add_subparsers(
+    txnlog = sub.add_parser("txnlog", help="operator commands on the sink's transaction log").add_subparsers(
         dest="txnlog_command", required=True
     )
     txnlog.add_parser(
@@ -161,6 +170,11 @@ def parser() -> argparse.ArgumentParser:
         help="when the table holds newer commits of the sink than the log (the log went back in time): "
         "record the table's last commit of the sink (seq, snapshot id, offsets) as the log's committed "
         "plan, so the sink resumes from the offsets the table covers; prints what was recorded (JSON)",
+    )
+    txnlog.add_parser(
+        "abandon",
+        help="drop a pending plan that can never be committed (its files are gone): the sink then reads "
+        "the batch's records from Kafka again from the committed offsets; refused if the plan landed",
     )
     for leaf in [*(sub.choices[n] for n in ("run", "status", "check", "orphans")), *txnlog.choices.values()]:
         leaf.add_argument("--config", "-c", required=True, help="the sink's YAML file")

@@ -51,7 +51,14 @@ from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.datafile_json import from_json
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
-from service.iceberg.tables import delete_spec, ensure_table, open_catalog, parse_partition_field
+from service.iceberg.tables import (
+    DEFAULT_TABLE_PROPERTIES,
+    delete_spec,
+    ensure_table,
+    format_version_problem,
+    open_catalog,
+    parse_partition_field,
+)
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.retrying import Backoff, catalog_answer, log_failure, retry_call
@@ -163,6 +170,9 @@ def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column]
     cfg = config.table
     if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
         return
+    version = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}["format-version"]
+    if (problem := format_version_problem(cfg.identifier, version)) is not None:
+        raise SchemaError(f"table.properties: {problem}")
     types = {c.name: c.type for c in declared}
     missing = [k for k in cfg.key if k not in types]
     if missing:

@@ -125,7 +125,7 @@ class Committer:
             state.precommit_epoch,
             len(pending.file_paths()),
         )
-        result = self._finish(pending, state.seq)
+        result = self._finish(pending, state.seq, resumed=True)
         return CommitResult(result.seq, result.snapshot_id, result.attempts, resumed=True)
 
     def commit(self, pending: PendingCommit) -> CommitResult:
@@ -134,7 +134,7 @@ class Committer:
         failpoint("after_precommit")
         return self._finish(pending, state.seq)
 
-    def _finish(self, pending: PendingCommit, seq: int) -> CommitResult:
+    def _finish(self, pending: PendingCommit, seq: int, resumed: bool = False) -> CommitResult:
         if not pending.has_files:
             self.log.commit(self.lease, seq=seq)
             return CommitResult(seq, None, 0)
@@ -142,7 +142,9 @@ class Committer:
         while True:
             try:
                 with self.log.committing(self.lease, seq=seq) as handle:
-                    attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat)
+                    attempts = self._commit_to_iceberg(
+                        pending, seq, keep_lock=handle.heartbeat, resumed=resumed
+                    )
                     failpoint("after_catalog_commit")
                 break
             except LockLost as exc:
@@ -167,7 +169,11 @@ class Committer:
         return CommitResult(seq, pending.snapshot_id, attempts)
 
     def _commit_to_iceberg(
-        self, pending: PendingCommit, seq: int, keep_lock: Callable[[], None] = lambda: None
+        self,
+        pending: PendingCommit,
+        seq: int,
+        keep_lock: Callable[[], None] = lambda: None,
+        resumed: bool = False,
     ) -> int:
         """Commit the plan's snapshot; return the number of attempts. The only commit retry loop.
 
@@ -176,16 +182,18 @@ class Committer:
         It runs while the txnlog row is locked, so no other replica can claim meanwhile; before each
         retry ``keep_lock`` proves the lock is still ours (and restarts the idle-in-transaction clock),
         raising ``LockLost`` if the session was reaped: then another replica may own the sink and no
-        further attempt is made.
+        further attempt is made. A ``resumed`` plan (one found precommitted at start-up) is first
+        checked for its files, which may have been deleted since (:class:`PlanUncommittable`).
         """
         assert pending.snapshot_id is not None
         snapshot_id = pending.snapshot_id
         summary = pending.summary(self.sink_id, self.lease.epoch, seq)
         properties = commit_properties(self.sink_id, seq, snapshot_id, pending.offsets)
         attempts = 0
+        files_checked = not resumed
 
         def attempt() -> int:
-            nonlocal attempts
+            nonlocal attempts, files_checked
             attempts += 1
             table = self.catalog.load_table(pending.table)
             if (found := find_commit(table, self.sink_id, snapshot_id)) is not None:
@@ -193,6 +201,9 @@ class Committer:
                     "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found
                 )
                 return attempts
+            if not files_checked:
+                check_files_exist(table, pending, self.sink_id, seq)
+                files_checked = True
             delta = RowDelta(
                 table,
                 snapshot_id,
@@ -251,6 +262,31 @@ _SAYS = {
     CatalogAnswer.RATE_LIMITED: "rate-limited by the catalog",
     CatalogAnswer.UNKNOWN_OUTCOME: "outcome unknown or catalog unavailable",
 }
+
+
+def check_files_exist(table: Table, pending: PendingCommit, sink_id: str, seq: int) -> None:
+    """Raise :class:`PlanUncommittable` when files of a plan that did not land are gone.
+
+    The catalog would accept the snapshot anyway (it does not look at data files): the table would
+    then point at files that do not exist, and every reader of it would fail.
+    """
+    paths = pending.file_paths()
+    missing = [path for path in paths if not table.io.new_input(path).exists()]
+    if missing:
+        raise PlanUncommittable(
+            f"sink {sink_id}: the pending plan seq {seq} (snapshot {pending.snapshot_id}) can never be "
+            f"committed to {pending.table}: {len(missing)} of its {len(paths)} files are gone (first: "
+            f"{missing[0]}). Nothing was committed. Abandon the plan with `icesink txnlog abandon "
+            "--config <the sink's file>`, which says what becomes of the batch's records; then start "
+            "the sink again"
+        )
+
+
+class PlanUncommittable(RuntimeError):
+    """A precommitted plan that can never be committed (its files are gone).
+
+    Retrying would only crash-loop: the sink stops (exit 2) and an operator abandons the plan.
+    """
 
 
 class CommitGaveUp(RuntimeError):

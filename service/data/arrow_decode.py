@@ -34,6 +34,7 @@ from pyiceberg.types import (
     DateType,
     DecimalType,
     DoubleType,
+    FixedType,
     FloatType,
     IcebergType,
     IntegerType,
@@ -64,7 +65,7 @@ _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
     Encoding.FLOATING: (FloatType, DoubleType),
     Encoding.BOOLEAN: (BooleanType,),
     Encoding.STRING: (StringType,),
-    Encoding.BYTES_BASE64: (BinaryType,),
+    Encoding.BYTES_BASE64: (BinaryType, FixedType),
     Encoding.DECIMAL_BASE64: (DecimalType,),
     Encoding.DECIMAL_TEXT: (DecimalType,),
     Encoding.DATE_DAYS: (DateType,),
@@ -274,9 +275,12 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
         if enc is Encoding.DECIMAL_TEXT:
             return _decimal_texts(wire, column)
         if enc is Encoding.BYTES_BASE64:
-            return pa.array(
-                [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()], pa.binary()
-            )
+            values = [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()]
+            if isinstance(column.type, FixedType) and any(
+                v is not None and len(v) != len(column.type) for v in values
+            ):
+                raise Declined(f"column {name}: a value whose length does not fit {column.type}")
+            return pa.array(values, pa.binary())
         if enc is Encoding.DATE_DAYS:
             return pc.cast(pc.cast(wire, pa.int32()), pa.date32())
         if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):

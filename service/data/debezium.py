@@ -18,7 +18,15 @@ import decimal
 from decimal import Decimal
 
 import pandas as pd
-from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, TimestampType
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IntegerType,
+    LongType,
+    TimestampType,
+)
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -169,7 +177,10 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
             return _connect_decimal(wire, t.scale).try_cast(target)
         return _decimal_udf(t.scale)(wire).try_cast(target)
     if enc is Encoding.BYTES_BASE64:
-        return F.call_function("try_to_binary", wire, F.lit("base64"))
+        raw = F.call_function("try_to_binary", wire, F.lit("base64"))
+        if isinstance(t, FixedType):  # bytes of another length do not fit: a dead letter
+            return F.when(F.length(raw) == len(t), raw)
+        return raw
     if enc is Encoding.DATE_DAYS:
         return F.call_function("date_from_unix_date", wire.try_cast(T.IntegerType()))
     if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):

@@ -21,7 +21,7 @@ from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.types import TimeType, UUIDType
+from pyiceberg.types import FixedType, TimeType, UUIDType
 
 from service.iceberg.datafile_json import to_json
 
@@ -63,7 +63,9 @@ class WriteSpec:
 
 
 def _to_table_types(batch: pa.Table, metadata: TableMetadata) -> pa.Table:
-    """Spark has no TIME or UUID type: those columns arrive as int64 micros / text; convert them."""
+    """Spark has no TIME, UUID or fixed-length binary type: those columns arrive as int64 micros, text
+    and binary; convert them (pyiceberg refuses binary for a ``fixed[n]`` column). The decoders have
+    dead-lettered every fixed value of another length, so the cast can't fail on the records' account."""
     schema = metadata.schema()
     columns = []
     for name in batch.column_names:
@@ -71,6 +73,8 @@ def _to_table_types(batch: pa.Table, metadata: TableMetadata) -> pa.Table:
         iceberg_type = schema.find_field(name).field_type
         if isinstance(iceberg_type, TimeType):
             column = column.cast(pa.time64("us"))
+        elif isinstance(iceberg_type, FixedType):
+            column = column.cast(pa.binary(len(iceberg_type)))
         elif isinstance(iceberg_type, UUIDType):
             column = pa.chunked_array(
                 [

@@ -16,7 +16,16 @@ from enum import StrEnum
 
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import DecimalType, DoubleType, FloatType, IcebergType, IntegerType, LongType
+from pyiceberg.types import (
+    BinaryType,
+    DecimalType,
+    DoubleType,
+    FixedType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+)
 
 from service.data.columns import Column, SchemaError
 
@@ -67,6 +76,8 @@ def _widens(table_type: IcebergType, event_type: IcebergType) -> bool | None:
         return False
     if isinstance(table_type, DoubleType) and isinstance(event_type, FloatType):
         return False
+    if isinstance(table_type, FixedType) and isinstance(event_type, BinaryType):
+        return False  # Kafka Connect has no fixed-length bytes; a value of another length is a dead letter
     if isinstance(table_type, DecimalType) and isinstance(event_type, DecimalType):
         if table_type.scale != event_type.scale:
             return None

@@ -25,7 +25,7 @@ from pyiceberg.transforms import (
 )
 
 from service.config import SinkConfig
-from service.data.columns import Column, SchemaError, iceberg_schema
+from service.data.columns import Column, SchemaError, columns_for_table, iceberg_schema
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 
 logger = logging.getLogger(__name__)
@@ -76,11 +76,41 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     raise SchemaError(f"partition_by: unknown transform in {text!r}")
 
 
+# The one table format the writer serves: equality deletes and sequence numbers need v2, and pyiceberg
+# (the writer) can't write v3 (row lineage, deletion vectors).
+FORMAT_VERSION = 2
+_WHY_NOT = {
+    1: "format v1 has no delete files and no sequence numbers, which the sink's commits need; "
+    "upgrade the table to v2 (in Spark: ALTER TABLE ... SET TBLPROPERTIES ('format-version'='2'))",
+    3: "pyiceberg, the sink's writer, can't write format v3 tables (row lineage, deletion vectors)",
+}
+
+
+def format_version_problem(identifier: str, version: int | str) -> str | None:
+    """Why a table of this format version can't be served, or None for v2."""
+    if str(version) == str(FORMAT_VERSION):
+        return None
+    why = _WHY_NOT.get(int(version) if str(version).isdigit() else -1, "an unknown format version")
+    return f"table {identifier}: format v{version}, but icesink writes format v{FORMAT_VERSION} only: {why}"
+
+
+def check_writable(table: Table, identifier: str) -> None:
+    """Refuse, before anything is written, a table the sink could never commit a batch to.
+
+    Found at the first commit instead, such a table fails after the batch's precommit: the plan can
+    never be committed and every restart tries it again. Nested columns are refused here too.
+    """
+    if (problem := format_version_problem(identifier, table.metadata.format_version)) is not None:
+        raise SchemaError(problem)
+    columns_for_table(table.schema())
+
+
 def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | None) -> Table:
     """Load the table, or create it (namespace too) from ``columns`` when allowed."""
     cfg = config.table
     try:
         table = catalog.load_table(cfg.identifier)
+        check_writable(table, cfg.identifier)
     except NoSuchTableError:
         if not cfg.create:
             raise SchemaError(f"table {cfg.identifier} does not exist and table.create is false") from None

@@ -38,6 +38,7 @@ COLUMNS: list[Column] = [
         ("s", "string", False, None),
         ("req", "string", True, None),
         ("raw", "binary", False, None),
+        ("fx", "fixed[4]", False, None),
         ("dec", "decimal(12,3)", False, None),
         ("big", "decimal(30,5)", False, None),
         ("dtext", "decimal(10,3)", False, "decimal-text"),
@@ -72,6 +73,7 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
         "s": rng.choice(["héllo", "", 'a"quote', "tab\t", "é\U0001f600"]),
         "req": "x",
         "raw": base64.b64encode(rng.randbytes(rng.randint(1, 9))).decode(),
+        "fx": base64.b64encode(rng.randbytes(4)).decode(),
         "dec": _b64(rng.randint(-(10**12) + 1, 10**12 - 1)),
         "big": _b64(rng.randint(-(10**30) + 1, 10**30 - 1)),
         "dtext": format(Decimal(rng.randint(-(10**10) + 1, 10**10 - 1)).scaleb(-rng.randint(3, 6)), "f"),
@@ -99,6 +101,7 @@ EDGES: dict[str, list[Any]] = {
     "s": [5, 1.5, True, {"a": 1}, [1, 2], None],
     "req": [None],
     "raw": ["", "abc", "YWJj", "YW Jj", "YWJj\n", "YWI=", "YWI", "Y===", "****", None],
+    "fx": ["", "YWJj", "YWJjZA==", "YWJjZGU=", "YWJjZA", "****", None],
     "dec": [
         "",
         "AA==",

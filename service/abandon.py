@@ -1,0 +1,137 @@
+"""``icesink txnlog abandon``: drop a pending plan that can never be committed.
+
+A batch's plan (its offsets, files and pre-generated snapshot id) is precommitted in the txnlog before
+its snapshot goes to the catalog, and a restart finishes it with the same files, never re-reading
+Kafka. When those files are gone (deleted by hand, by a bucket lifecycle rule, by an orphan clean-up
+with too short a cut-off) the plan can never be committed: start-up stops with exit 2 and points here.
+
+Abandoning is the log's ``abort`` under a claim of its own, so a replica still running is fenced
+first. A plan whose snapshot is in the table is never abandoned: it landed, and starting the sink marks
+it committed; dropping it would write its records twice. The txnlog's history keeps the claim and the
+abort (with the dropped plan), both with this command as their owner.
+
+What becomes of the batch's records: the sink resumes from the committed offsets, so they are read
+from Kafka again and written anew. Only records Kafka no longer holds (retention) are lost, and those of
+a partition that was never committed when ``kafka.starting_offsets`` is ``latest`` are skipped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+
+from service.channel.committer import find_commit
+from service.channel.pending import Offsets, PendingCommit
+from service.config import SinkConfig
+from service.iceberg.tables import open_catalog
+from txnlog import Phase, SinkState, TransactionLog
+
+
+@dataclass(frozen=True)
+class AbandonOutcome:
+    report: str
+    refused: bool = False  # a plan is pending but was not abandoned (it landed)
+
+
+def owner() -> str:
+    """Who abandons: recorded as the owner of the claim and the abort in the txnlog's history."""
+    return f"icesink txnlog abandon ({getpass.getuser()}@{socket.gethostname()})"
+
+
+def abandon(config: SinkConfig) -> AbandonOutcome:
+    """Abandon the sink's pending plan, unless it landed; the report says what becomes of its records."""
+    sink_id = config.sink_id
+    log = TransactionLog(
+        config.txnlog.dsn, schema=config.txnlog.schema_name, lock_timeout=config.txnlog.lock_timeout
+    )
+    try:
+        state = log.state(sink_id)
+        if state is None or state.pending is None:
+            return AbandonOutcome(f"sink {sink_id}: no pending plan; nothing to abandon")
+        catalog = open_catalog(config)
+        if (landed := _landed(catalog, sink_id, state)) is not None:
+            return AbandonOutcome(landed, refused=True)
+        lease = log.claim(sink_id, owner())  # fences a replica still running
+        state = lease.state
+        if state.phase is not Phase.PRECOMMIT or state.pending is None:
+            return AbandonOutcome(f"sink {sink_id}: the plan was committed meanwhile; nothing abandoned")
+        if (landed := _landed(catalog, sink_id, state)) is not None:
+            return AbandonOutcome(landed, refused=True)
+        pending = PendingCommit.from_payload(state.pending)
+        missing = _missing_files(catalog, pending)
+        log.abort(lease, seq=state.seq)
+        return AbandonOutcome(_report(config, state, pending, missing))
+    finally:
+        log.close()
+
+
+def _landed(catalog: Catalog, sink_id: str, state: SinkState) -> str | None:
+    """Why the plan must not be abandoned (its snapshot is in the table), or None."""
+    assert state.pending is not None
+    pending = PendingCommit.from_payload(state.pending)
+    if pending.snapshot_id is None:
+        return None
+    try:
+        table = catalog.load_table(pending.table)
+    except NoSuchTableError:
+        return None
+    found = find_commit(table, sink_id, pending.snapshot_id)
+    if found is None:
+        return None
+    return (
+        f"sink {sink_id}: the pending plan seq {state.seq} landed in {pending.table} as snapshot "
+        f"{pending.snapshot_id} ({found} shows it); it is not abandoned (its records would be written "
+        "twice). Start the sink: its recovery marks the plan committed."
+    )
+
+
+def _missing_files(catalog: Catalog, pending: PendingCommit) -> list[str]:
+    if not pending.has_files:
+        return []
+    try:
+        io = catalog.load_table(pending.table).io
+    except NoSuchTableError:
+        return pending.file_paths()
+    return [path for path in pending.file_paths() if not io.new_input(path).exists()]
+
+
+def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missing: list[str]) -> str:
+    committed: Offsets = (
+        PendingCommit.from_payload(state.committed_payload).offsets if state.committed_payload else {}
+    )
+    files = len(pending.file_paths())
+    lines = [
+        f"sink {config.sink_id}: abandoned the pending plan seq {state.seq} (snapshot {pending.snapshot_id}, "
+        f"{files} file(s), {len(missing)} of them gone); nothing of it was committed to {pending.table}.",
+        f"Recorded in the txnlog's history: a claim (epoch {state.epoch}) and an abort holding the plan, "
+        f"owner {owner()!r}; a replica still running was fenced.",
+        "What becomes of the batch's records: the sink resumes from the committed offsets"
+        + (f" (seq {state.committed_seq})" if state.committed_seq is not None else " (none yet)")
+        + ", so they are read from Kafka again and written anew:",
+    ]
+    default = config.kafka.starting_offsets
+    for topic, parts in sorted(pending.offsets.items()):
+        for partition, end in sorted(parts.items()):
+            start = committed.get(topic, {}).get(partition)
+            where = f"  {topic}[{partition}]:"
+            if start is not None:
+                if start < end:
+                    lines.append(f"{where} offsets {start}..{end - 1} are read and written again")
+            elif default == "earliest":
+                lines.append(
+                    f"{where} never committed: read again from the earliest offset Kafka holds, up to {end - 1}"
+                )
+            else:
+                lines.append(
+                    f"{where} never committed and kafka.starting_offsets is latest: records up to offset "
+                    f"{end - 1} are SKIPPED"
+                )
+    lines.append(
+        "Records Kafka no longer holds (retention) can't be read again. Files of the plan that still "
+        "exist are orphans now (`icesink orphans` lists them)."
+    )
+    return "\n".join(lines)
