@@ -218,18 +218,13 @@ def _arrow_task(columns: list[Any], key: list[str], out: str, batches: Any) -> A
     import uuid
 
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from service.data.arrow_decode import decode, latest_per_key
 
     table = pa.Table.from_batches(list(batches))
-    live = table.filter(pc.is_valid(table["value"]))
     rows = latest_per_key(
-        decode(
-            live["value"].to_pylist(), live["key"].to_pylist(), live["offset"].combine_chunks(), columns, key
-        ).rows,
-        key,
+        decode(table["value"].to_pylist(), table["key"].to_pylist(), table, columns, key).rows, key
     )
     pq.write_table(rows, f"{out}/{uuid.uuid4().hex}.parquet", compression="zstd")
     yield pa.RecordBatch.from_pydict({"n": [rows.num_rows]})

@@ -45,7 +45,14 @@ from service.data.columns import (
     columns_for_table,
     columns_from_envelope_schema,
 )
-from service.data.debezium import ERROR_COLUMN, decode, latest_per_key, schema_text
+from service.data.debezium import (
+    ERROR_COLUMN,
+    KAFKA_POSITION,
+    SOURCE_COLUMNS,
+    decode,
+    latest_per_key,
+    schema_text,
+)
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition, writer_properties
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
@@ -666,8 +673,8 @@ class SinkJob:
         # Only what counting and writing need is cached: the raw key and value (most of the bytes)
         # stay in the persisted records, from which the rare dead-letter write decodes again.
         changes = (
-            decode(records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas)
-            .select(*columns, F.col(OP_COLUMN), F.col("offset"), F.col(ERROR_COLUMN))
+            self._decode(records)
+            .select(*columns, F.col(OP_COLUMN), *SOURCE_COLUMNS, *KAFKA_POSITION, F.col(ERROR_COLUMN))
             .persist()
         )
         try:
@@ -697,13 +704,22 @@ class SinkJob:
             # Last, so that a batch retried because its files could not be written (catalog or object
             # store down) does not send its dead letters twice.
             if outcome.dead_letters:
-                bad = decode(
-                    records, self.columns, cfg.table.key, cfg.source.max_record_bytes, self.rejected_schemas
-                )
-                self._dead_letter(bad.where(F.col(ERROR_COLUMN).isNotNull()))
+                self._dead_letter(self._decode(records).where(F.col(ERROR_COLUMN).isNotNull()))
         finally:
             changes.unpersist()
         return self._pending(files, offsets, outcome), outcome
+
+    def _decode(self, records: DataFrame) -> DataFrame:
+        """Spark's decoder; tombstones are deletes in upsert mode and ignored in append mode."""
+        cfg = self.config
+        return decode(
+            records,
+            self.columns,
+            cfg.table.key,
+            cfg.source.max_record_bytes,
+            self.rejected_schemas,
+            tombstones=self.upsert,
+        )
 
     def _dead_letter(self, bad: DataFrame) -> None:
         sent = dead_letter.send(

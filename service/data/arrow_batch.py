@@ -125,8 +125,9 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
         return
     table = pa.Table.from_batches(collected)
     summary: dict[str, Any] = {"positions": _positions(table)}
-    live = table.filter(pc.is_valid(table["value"]))
     write = spec.write
+    # Tombstones are deletes in upsert mode and ignored in append mode, as in Spark's path.
+    live = table if write.upsert else table.filter(pc.is_valid(table["value"]))
     started = time.perf_counter()
     try:
         too_big = pc.greater(pc.binary_length(live["value"]), spec.max_record_bytes)
@@ -135,7 +136,7 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
         decoded = decode(
             live["value"].to_pylist(),
             live["key"].to_pylist(),
-            live["offset"].combine_chunks(),
+            live,
             spec.columns,
             write.key,
             spec.schema_sections,

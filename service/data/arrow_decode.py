@@ -20,9 +20,11 @@ import binascii
 import decimal
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import reduce
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +50,17 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data.columns import Column, Encoding
-from service.data.debezium import TRUNCATE_OP, spark_type, unscaled_decimal, wire_type
+from service.data.debezium import (
+    CHANGE_ORDER,
+    KAFKA_POSITION,
+    SOURCE_COLUMNS,
+    SOURCE_FIELDS,
+    TOMBSTONE_EVENT,
+    TRUNCATE_OP,
+    spark_type,
+    unscaled_decimal,
+    wire_type,
+)
 from service.data.files import DELETE_OP, OP_COLUMN
 
 VALID_OPS = ("c", "r", "u", "d")
@@ -58,6 +70,7 @@ _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _ISO_RE2 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_RANK = "__icesink_rank"
 
 # The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
 _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
@@ -108,9 +121,12 @@ def _row_type(columns: list[Column]) -> pa.StructType:
 
 
 def envelope_schema(columns: list[Column]) -> pa.Schema:
-    """The same fields as the Spark decoder's envelope: a wrong type anywhere in them declines."""
+    """The same fields as the Spark decoder's envelope: a wrong type anywhere in them declines.
+    The source position's fields are parsed as their final types (the Spark decoder takes them as
+    text and casts): one of another JSON type declines."""
     row = _row_type(columns)
-    body = [("before", row), ("after", row), ("op", pa.string()), ("ts_ms", pa.int64())]
+    source = pa.struct([(name, to_arrow_type(t)) for name, t in SOURCE_FIELDS.items()])
+    body = [("before", row), ("after", row), ("op", pa.string()), ("ts_ms", pa.int64()), ("source", source)]
     return pa.schema([("payload", pa.struct(body)), *body])
 
 
@@ -341,7 +357,8 @@ def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str]]:
 
 @dataclass
 class Decoded:
-    """A batch's changes: the table's columns, :data:`OP_COLUMN` and ``offset``, in record order;
+    """A batch's changes: the table's columns, :data:`OP_COLUMN`, the source position
+    (:data:`SOURCE_COLUMNS`) and the Kafka position (topic, partition, offset), in record order;
     and the distinct schema sections of the events (normalised JSON), when asked for."""
 
     rows: pa.Table
@@ -354,26 +371,27 @@ class Decoded:
 
 
 def decode(
-    values: list[bytes],
-    keys: list[bytes | None],
-    offsets: pa.Array,
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None],
+    kafka: pa.Table,
     columns: list[Column],
     key: list[str],
     schema_sections: bool = False,
 ) -> Decoded:
-    """Decode non-null Kafka values (tombstones already removed) with their keys and offsets.
+    """Decode Kafka values with their keys and Kafka positions (``kafka``: topic, partition, offset).
 
-    With ``schema_sections``, the events' schema sections are cut out before parsing and returned:
-    the caller must check that each one is a schema it already knows (no evolution pending) before
-    using the result.
+    A null value (a tombstone) is a delete of the key in its Kafka key, decoded like the Spark
+    decoder does (a ``d`` event with neither before image nor source position); a caller that
+    ignores tombstones (append mode) leaves them out. With ``schema_sections``, the events' schema
+    sections are cut out before parsing and returned: the caller must check that each one is a
+    schema it already knows (no evolution pending) before using the result.
     """
     schemas: list[str] = []
+    texts = [v if v is not None else TOMBSTONE_EVENT.encode() for v in values]
     if schema_sections:
-        values, schemas = split_schema_sections(values)
-    if not values:
-        empty = {c.name: pa.array([], output_type(c)) for c in columns}
-        return Decoded(pa.table({**empty, OP_COLUMN: pa.array([], pa.string()), "offset": offsets}))
-    envelope = _parse(values, envelope_schema(columns), "record value")
+        texts, schemas = split_schema_sections(texts)
+    positions = kafka.select(KAFKA_POSITION)
+    envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}
     key_table = _parse(
         [k if k is not None else b"{}" for k in keys], key_schema([by_name[k] for k in key]), "record key"
@@ -381,14 +399,16 @@ def decode(
 
     payload = _column(envelope, "payload")
     has_payload = pc.is_valid(payload)
-    op = pc.if_else(has_payload, _field(payload, "op"), _column(envelope, "op"))
-    after = pc.if_else(has_payload, _field(payload, "after"), _column(envelope, "after"))
-    before = pc.if_else(has_payload, _field(payload, "before"), _column(envelope, "before"))
+
+    def body(name: str) -> pa.Array:
+        return pc.if_else(has_payload, _field(payload, name), _column(envelope, name))
+
+    op, after, before, source = body("op"), body("after"), body("before"), body("source")
     if op.null_count:
         raise Declined("an event without an op")
     if pc.any(pc.equal(op, TRUNCATE_OP)).as_py():
         raise Declined("a truncate event, which is a dead letter")
-    if not pc.all(pc.is_in(op, pa.array(VALID_OPS))).as_py():
+    if pc.any(pc.invert(pc.is_in(op, pa.array(VALID_OPS)))).as_py():
         raise Declined("an event with an unknown op")
     is_delete = pc.equal(op, DELETE_OP)
     if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
@@ -408,17 +428,54 @@ def decode(
             raise Declined(f"required column {c.name} is null")
         out[c.name] = convert(c, wire)
     out[OP_COLUMN] = op
-    out["offset"] = offsets
+    for name, column in zip(SOURCE_FIELDS, SOURCE_COLUMNS, strict=True):
+        out[column] = _field(source, name)
     counts = pc.value_counts(op).to_pylist()
-    return Decoded(pa.table(out), {str(c["values"]): int(c["counts"]) for c in counts}, schemas)
+    rows = _with_positions(out, positions)
+    return Decoded(rows, {str(c["values"]): int(c["counts"]) for c in counts}, schemas)
+
+
+def _with_positions(columns: dict[str, pa.Array], positions: pa.Table) -> pa.Table:
+    return pa.table({**columns, **{name: positions[name].combine_chunks() for name in KAFKA_POSITION}})
+
+
+def _with_carried_sources(rows: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, pa.Array]]:
+    """The source position of each row, or for a row without one that of the closest earlier row of
+    its key in its partition, with the rows in the order these positions are given in."""
+    sources = {c: rows[c].combine_chunks() for c in SOURCE_COLUMNS}
+    has = reduce(pc.or_, [pc.is_valid(a) for a in sources.values()]).to_numpy(zero_copy_only=False)
+    if has.all() or not has.any():
+        return rows, sources  # nothing to carry
+    order = pc.sort_indices(rows, [(k, "ascending") for k in [*key, *KAFKA_POSITION]])
+    rows, has = rows.take(order), has[order.to_numpy()]
+    n = rows.num_rows
+    starts = np.zeros(n, dtype=bool)  # where a (key, topic, partition) lane begins
+    starts[0] = True
+    for name in [*key, *KAFKA_POSITION[:2]]:
+        column = rows[name].combine_chunks()
+        starts[1:] |= pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    lane = np.cumsum(starts)
+    last = np.maximum.accumulate(np.where(has, np.arange(n), -1))  # closest row with a position so far
+    source_row = np.maximum(last, 0)
+    missing = pa.array((last < 0) | (lane[source_row] != lane))
+    taken = pa.array(source_row)
+    carried = {
+        c: pc.if_else(missing, pa.scalar(None, a.type), a.take(taken))
+        for c, a in ((c, rows[c].combine_chunks()) for c in SOURCE_COLUMNS)
+    }
+    return rows, carried
 
 
 def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
-    """The last change (highest offset) of every key, like service.data.debezium.latest_per_key."""
+    """The last change of every key, in the order of :func:`service.data.debezium.latest_per_key`:
+    source position (a row without one takes that of the closest earlier change of its key in its
+    partition), then offset; topic and partition only make ties across partitions deterministic."""
     if rows.num_rows == 0:
         return rows
-    rows = rows.take(pc.sort_indices(rows["offset"]))
-    rows = rows.append_column("__icesink_pos", pa.array(range(rows.num_rows), pa.int64()))
-    last = rows.group_by(key, use_threads=False).aggregate([("__icesink_pos", "max")])
-    positions = last["__icesink_pos_max"]
-    return rows.take(pc.take(positions, pc.sort_indices(positions))).drop_columns(["__icesink_pos"])
+    rows, sources = _with_carried_sources(rows, key)
+    order = pa.table({name: sources.get(name, rows[name]) for name in CHANGE_ORDER})
+    ranked = pc.sort_indices(order, [(name, "ascending") for name in CHANGE_ORDER], null_placement="at_start")
+    rows = rows.take(ranked).append_column(_RANK, pa.array(range(rows.num_rows), pa.int64()))
+    last = rows.group_by(key, use_threads=False).aggregate([(_RANK, "max")])
+    positions = last[f"{_RANK}_max"]
+    return rows.take(pc.take(positions, pc.sort_indices(positions))).drop_columns([_RANK])

@@ -7,8 +7,15 @@ goes to the dead-letter topic. Nothing is dropped silently: a value that does no
 
 Envelopes with a ``schema`` section (``{"schema": ..., "payload": {...}}``) and without one
 (``{"before": ..., "after": ..., "op": ...}``) are both accepted; the Kafka key may be
-``{"payload": {"id": 1}}`` or ``{"id": 1}``. Tombstones (null values) are skipped. Truncate events
-(``op: t``) are dead letters: see :data:`TRUNCATE_REASON`.
+``{"payload": {"id": 1}}`` or ``{"id": 1}``. Truncate events (``op: t``) are dead letters: see
+:data:`TRUNCATE_REASON`.
+
+A tombstone (a key and a null value, what a compacted topic keeps of a deleted row) is, when asked
+for (upsert mode), a delete of the key in the Kafka record key: it decodes exactly like a ``d`` event
+with no before image and no source position.
+
+Each row also carries the event's source position (:data:`SOURCE_COLUMNS`, from the envelope's
+``source`` section), which orders a key's changes across partitions (:func:`latest_per_key`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import base64
 import decimal
 from decimal import Decimal
+from functools import reduce
 
 import pandas as pd
 from pyiceberg.types import (
@@ -28,7 +36,7 @@ from pyiceberg.types import (
     TimestampType,
 )
 from pyspark.sql import Column as SparkColumn
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -38,6 +46,23 @@ from service.data.files import OP_COLUMN
 ERROR_COLUMN = "__icesink_error"
 CORRUPT_COLUMN = "__icesink_corrupt"
 POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
+KAFKA_POSITION = ["topic", "partition", "offset"]  # what orders changes within a partition
+# The fields of Debezium's `source` section that order a key's changes, most significant first:
+# Postgres' change LSN, MySQL's binlog coordinates, then the source's commit time (ms).
+SOURCE_FIELDS: dict[str, T.DataType] = {
+    "lsn": T.LongType(),
+    "file": T.StringType(),
+    "pos": T.LongType(),
+    "row": T.LongType(),
+    "ts_ms": T.LongType(),
+}
+SOURCE_COLUMNS = [f"__icesink_source_{name}" for name in SOURCE_FIELDS]
+# How a key's changes are ordered, most significant first (see latest_per_key): the topic and
+# partition come last only to make ties across partitions deterministic.
+CHANGE_ORDER = [*SOURCE_COLUMNS, "offset", "topic", "partition"]
+_ORDER = "__icesink_order"
+# What a tombstone decodes as: a delete with neither before image nor source position.
+TOMBSTONE_EVENT = '{"op":"d"}'
 VALID_OPS = ("c", "r", "u", "d")
 TRUNCATE_OP = "t"
 # A truncate event empties the whole source table. Applying it would take a snapshot that removes
@@ -233,10 +258,18 @@ def envelope_schema(columns: list[Column]) -> T.StructType:
         T.StructField("after", row),
         T.StructField("op", T.StringType()),
         T.StructField("ts_ms", T.LongType()),
+        # As raw JSON text, parsed on its own (see source_schema): a `source` of an unexpected shape
+        # leaves the change without a position instead of making the whole event malformed.
+        T.StructField("source", T.StringType()),
     ]
     return T.StructType(
         [T.StructField("payload", T.StructType(body)), *body, T.StructField(CORRUPT_COLUMN, T.StringType())]
     )
+
+
+def source_schema() -> T.StructType:
+    """The source position's fields, as text: a field of another JSON type is then a null position."""
+    return T.StructType([T.StructField(name, T.StringType()) for name in SOURCE_FIELDS])
 
 
 def key_schema(key_columns: list[Column]) -> T.StructType:
@@ -260,33 +293,42 @@ def decode(
     key: list[str],
     max_record_bytes: int,
     rejected_schemas: dict[str, str] | None = None,
+    tombstones: bool = False,
 ) -> DataFrame:
     """Kafka rows (key, value, topic, partition, offset, timestamp) → change rows with an error column.
 
-    Tombstones are removed. The result keeps ``key`` and ``value`` for the dead-letter topic.
-    ``rejected_schemas`` maps schema texts (see :func:`schema_text`) to the reason their events are
-    dead-lettered (an incompatible schema change under ``on_incompatible_schema: dead_letter``).
+    With ``tombstones`` a record with a null value is a delete of the key in its Kafka key; without,
+    it is removed. The result keeps ``key`` and ``value`` for the dead-letter topic, and the source
+    position in :data:`SOURCE_COLUMNS`. ``rejected_schemas`` maps schema texts (see
+    :func:`schema_text`) to the reason their events are dead-lettered (an incompatible schema change
+    under ``on_incompatible_schema: dead_letter``).
     """
     by_name = {c.name: c for c in columns}
     key_columns = [by_name[k] for k in key]
-    value_text = F.col("value").cast("string")
+    if not tombstones:
+        records = records.where(F.col("value").isNotNull())
+    value_text = F.coalesce(F.col("value").cast("string"), F.lit(TOMBSTONE_EVENT))
     key_text = F.col("key").cast("string")
     env = F.from_json(value_text, envelope_schema(columns), _JSON_OPTIONS)
     kjson = F.from_json(key_text, key_schema(key_columns), _JSON_OPTIONS)
-    parsed = records.where(F.col("value").isNotNull()).select(
-        *POSITION_COLUMNS, "key", "value", env.alias("env"), kjson.alias("kjson")
-    )
+    parsed = records.select(*POSITION_COLUMNS, "key", "value", env.alias("env"), kjson.alias("kjson"))
     has_payload = F.col("env.payload").isNotNull()
-    op = F.when(has_payload, F.col("env.payload.op")).otherwise(F.col("env.op"))
-    after = F.when(has_payload, F.col("env.payload.after")).otherwise(F.col("env.after"))
-    before = F.when(has_payload, F.col("env.payload.before")).otherwise(F.col("env.before"))
+
+    def envelope(name: str) -> SparkColumn:
+        return F.when(has_payload, F.col(f"env.payload.{name}")).otherwise(F.col(f"env.{name}"))
+
+    source = F.from_json(envelope("source"), source_schema())
     staged = parsed.select(
         *POSITION_COLUMNS,
         "key",
         "value",
-        op.alias(OP_COLUMN),
-        after.alias("after"),
-        before.alias("before"),
+        envelope("op").alias(OP_COLUMN),
+        envelope("after").alias("after"),
+        envelope("before").alias("before"),
+        *[
+            source.getField(n).try_cast(t).alias(c)
+            for (n, t), c in zip(SOURCE_FIELDS.items(), SOURCE_COLUMNS, strict=True)
+        ],
         F.col(f"env.{CORRUPT_COLUMN}").alias("value_corrupt"),
         F.when(F.col("kjson.payload").isNotNull(), F.col("kjson.payload"))
         .otherwise(F.struct(*[F.col(f"kjson.`{k}`").alias(k) for k in key]))
@@ -295,9 +337,23 @@ def decode(
     )
 
     is_delete = F.col(OP_COLUMN) == "d"
+    is_tombstone = F.col("value").isNull()
     image = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
     values: dict[str, SparkColumn] = {}
     errors: list[SparkColumn] = [
+        # A tombstone's key is all there is of it: say so when it names no row.
+        F.when(is_tombstone & F.col("key").isNull(), F.lit("tombstone without a key")),
+        F.when(
+            is_tombstone & F.col("key_corrupt").isNotNull(),
+            F.lit("tombstone whose key can't be parsed (not JSON, or a key column of the wrong JSON type)"),
+        ),
+        *[
+            F.when(
+                is_tombstone & F.col(f"kstruct.`{k}`").isNull(),
+                F.lit(f"tombstone whose key has no column {k}"),
+            )
+            for k in key
+        ],
         *[
             F.when(schema_text(F.col("value")) == F.lit(text), F.lit(f"incompatible schema change: {reason}"))
             for text, reason in (rejected_schemas or {}).items()
@@ -336,6 +392,7 @@ def decode(
         "value",
         F.col(OP_COLUMN),
         *[values[c.name].alias(c.name) for c in columns],
+        *SOURCE_COLUMNS,
         F.coalesce(*errors).alias(ERROR_COLUMN),
     )
 
@@ -343,9 +400,28 @@ def decode(
 def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
     """The last change of every key in the batch (rule 3: one data row per key per snapshot).
 
-    Order is the Kafka offset: Debezium keys records by primary key, so all changes of one row
-    land in one partition, where offsets are the source's commit order.
+    ``changes`` has the table's columns, :data:`SOURCE_COLUMNS`, ``topic``, ``partition`` and
+    ``offset``. A key's changes are ordered by their source position (:data:`SOURCE_FIELDS`, in that
+    order, a missing field lowest), then by Kafka offset. A change without a source position (a
+    tombstone, an event without a ``source`` section) takes that of the closest earlier change of its
+    key in the same partition, so within a partition it follows that change; offsets order changes
+    only within a partition. The arrow decoder's :func:`service.data.arrow_decode.latest_per_key`
+    implements the same order.
     """
+    lane = KAFKA_POSITION[:2]
+    keys = [F.col(f"`{k}`") for k in key]
+    has_position = reduce(lambda a, b: a | b, [F.col(c).isNotNull() for c in SOURCE_COLUMNS])
+    earlier = Window.partitionBy(*keys).orderBy(*lane, "offset").rowsBetween(Window.unboundedPreceding, 0)
+    carried = F.last(F.when(has_position, F.struct(*lane, *SOURCE_COLUMNS)), ignorenulls=True).over(earlier)
+    same_lane = (carried.getField("topic") == F.col("topic")) & (
+        carried.getField("partition") == F.col("partition")
+    )
+    order = F.struct(
+        *[
+            F.when(same_lane, carried.getField(c)).alias(c) if c in SOURCE_COLUMNS else F.col(c)
+            for c in CHANGE_ORDER
+        ]
+    )
     others = [c for c in changes.columns if c not in key]
-    latest = F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]), F.col("offset")).alias("latest")
-    return changes.groupBy(*[F.col(f"`{k}`") for k in key]).agg(latest).select(*key, "latest.*")
+    latest = F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]), F.col(_ORDER)).alias("latest")
+    return changes.withColumn(_ORDER, order).groupBy(*keys).agg(latest).select(*key, "latest.*")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,26 @@ from tests.conftest import load_stack_env
 
 REPO = Path(__file__).resolve().parents[2]
 ICESINK = [sys.executable, "-m", "service.cli"]
+
+
+_ROW = {
+    "type": "struct",
+    "optional": True,
+    "fields": [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "name", "type": "string", "optional": True},
+    ],
+}
+CHANGE_SCHEMA = {
+    "type": "struct",
+    "fields": [{**_ROW, "field": "before"}, {**_ROW, "field": "after"}, {"type": "string", "field": "op"}],
+}
+
+
+def change(key: int, name: str, source: dict[str, Any]) -> tuple[str, str]:
+    """The (key, value) of a Debezium update of row (id, name) at a source position, with schemas."""
+    payload = {"op": "u", "before": None, "after": {"id": key, "name": name}, "source": source}
+    return json.dumps({"id": key}), json.dumps({"schema": CHANGE_SCHEMA, "payload": payload})
 
 
 @dataclass
@@ -93,6 +114,26 @@ class Sink:
         produce(self.bootstrap, self.topic, changes)
         self.history.extend(changes)
         return changes
+
+    def send(
+        self, records: list[tuple[str | None, str | None]], partition: int | None = None
+    ) -> list[tuple[int, int]]:
+        """Produce raw (key, value) records, to one partition if given (a None value is a tombstone);
+        returns where each one landed, as (partition, offset)."""
+        from confluent_kafka import Producer
+
+        landed: list[tuple[int, int]] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            assert err is None, err
+            landed.append((msg.partition(), msg.offset()))
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True})
+        for key, value in records:
+            extra = {} if partition is None else {"partition": partition}
+            producer.produce(self.topic, key=key, value=value, on_delivery=delivered, **extra)
+        assert producer.flush(30) == 0
+        return landed
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> SinkRun:
         self.save()

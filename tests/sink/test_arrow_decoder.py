@@ -5,6 +5,7 @@ dead-letters it. The Arrow decoder (service.data.arrow_decode) may only take a r
 decoder accepts, and must then produce the same value in every column. Each record of a corpus of
 good records and edge cases (every encoding's boundaries, malformed envelopes and keys) is decoded by
 both; the corpus is decoded by Spark in one job and by the Arrow decoder one record at a time.
+Both also keep the same last change per key from changes spread over partitions.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from pyspark.sql import types as T
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
 from service.data.columns import Column, column_from_config
-from service.data.debezium import ERROR_COLUMN
+from service.data.debezium import ERROR_COLUMN, SOURCE_COLUMNS
 from service.data.debezium import decode as spark_decode
+from service.data.debezium import latest_per_key as spark_latest_per_key
 from service.data.files import OP_COLUMN
 
 COLUMNS: list[Column] = [
@@ -175,12 +177,25 @@ EDGES: dict[str, list[Any]] = {
 
 
 def _envelope(
-    op: str | None, after: dict[str, Any] | None, before: dict[str, Any] | None = None
+    op: str | None, after: dict[str, Any] | None, before: dict[str, Any] | None = None, source: Any = None
 ) -> dict[str, Any]:
     doc: dict[str, Any] = {"before": before, "after": after}
     if op is not None:
         doc["op"] = op
+    if source is not None:
+        doc["source"] = source
     return doc
+
+
+def _kafka(offsets: list[int], partitions: list[int] | None = None, topic: str = "t") -> pa.Table:
+    """Kafka positions of records: one topic, partition 0 unless given."""
+    return pa.table(
+        {
+            "topic": pa.array([topic] * len(offsets)),
+            "partition": pa.array(partitions or [0] * len(offsets), pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
+        }
+    )
 
 
 def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
@@ -242,6 +257,35 @@ def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
     )
     add("over the size limit", {"id": 2000}, _envelope("u", {**good, "s": "x" * MAX_BYTES}))
     add("tombstone", {"id": 2000}, None, raw=True)
+    add("tombstone, key with schema", {"schema": {}, "payload": {"id": 2000}}, None, raw=True)
+    add("tombstone without a key", None, None, raw=True)
+    add("tombstone, key not JSON", b"{2000", None, raw=True)
+    add("tombstone, key without the key column", {"other": 2000}, None, raw=True)
+    add("tombstone, key of the wrong type", {"id": "2000"}, None, raw=True)
+    # Source positions: Postgres, MySQL, and shapes that leave a change without (part of) one.
+    sources: list[Any] = [
+        {"lsn": 24023928, "ts_ms": 1_700_000_000_000, "txId": 7, "sequence": '["1","2"]', "db": "x"},
+        {"file": "mysql-bin.000003", "pos": 154, "row": 2, "ts_ms": 1_700_000_000_000, "snapshot": "false"},
+        {"ts_ms": 1_700_000_000_000},
+        {"lsn": None, "file": None},
+        {"lsn": "24023928"},
+        {"lsn": 1.5},
+        {"lsn": 2**64},
+        {"lsn": -(2**63)},
+        {"file": 7, "pos": "154"},
+        {"row": True},
+        {"ts_ms": {"a": 1}},
+        "mysql",
+        [1, 2],
+        {},
+    ]
+    for source in sources:
+        add(f"source {json.dumps(source)}", {"id": 3000}, _envelope("u", _good_row(rng, 3000), source=source))
+        add(
+            f"source in payload {json.dumps(source)}",
+            {"id": 3000},
+            {"schema": {}, "payload": _envelope("u", _good_row(rng, 3000), source=source)},
+        )
     return records
 
 
@@ -276,8 +320,8 @@ def spark_decoded(spark: SparkSession) -> dict[int, dict[str, Any]]:
     now = datetime.now(UTC)
     rows = [(k, v, "t", 0, i, now) for i, (_, k, v) in enumerate(_corpus())]
     frame = spark.createDataFrame(rows, schema)
-    decoded = spark_decode(frame, COLUMNS, KEY, MAX_BYTES).select(
-        "offset", ERROR_COLUMN, OP_COLUMN, *[c.name for c in COLUMNS]
+    decoded = spark_decode(frame, COLUMNS, KEY, MAX_BYTES, tombstones=True).select(
+        "offset", ERROR_COLUMN, OP_COLUMN, *[c.name for c in COLUMNS], *SOURCE_COLUMNS
     )
     table = decoded.toArrow()
     return {r["offset"]: r for r in _comparable(table)}
@@ -292,15 +336,12 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
     accepted, declined, disagreements = [], [], []
     for offset, (label, key, value) in enumerate(corpus):
         reference = spark_decoded.get(offset)
-        if value is None:
-            assert reference is None, "Spark's decoder keeps tombstones"
-            continue
-        if len(value) > MAX_BYTES:
+        if value is not None and len(value) > MAX_BYTES:
             declined.append(label)  # the batch task declines these before decoding (arrow_batch)
             assert reference is not None and reference[ERROR_COLUMN], label
             continue
         try:
-            got = _comparable(decode([value], [key], pa.array([offset], pa.int64()), COLUMNS, KEY).rows)[0]
+            got = _comparable(decode([value], [key], _kafka([offset]), COLUMNS, KEY).rows)[0]
         except Declined:
             declined.append(label)
             continue
@@ -311,12 +352,18 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
                 f"{label}: Spark dead-letters it ({reference[ERROR_COLUMN]}), Arrow accepted {got}"
             )
             continue
-        for name in [OP_COLUMN, *[c.name for c in COLUMNS]]:
+        for name in [OP_COLUMN, *[c.name for c in COLUMNS], *SOURCE_COLUMNS]:
             if _normalise(got[name]) != _normalise(reference[name]):
                 disagreements.append(
                     f"{label}: column {name}: Arrow {got[name]!r}, Spark {reference[name]!r}"
                 )
     assert not disagreements, "\n".join(disagreements)
+    source_letters = [
+        f"{label}: {spark_decoded[offset][ERROR_COLUMN]}"
+        for offset, (label, _, _) in enumerate(corpus)
+        if label.startswith("source") and spark_decoded[offset][ERROR_COLUMN]
+    ]
+    assert not source_letters, f"a source section made a dead letter: {source_letters}"
     good = [label for label in accepted if label.startswith("good")]
     assert len(good) == 120, f"good records declined: {[x for x in declined if x.startswith('good')]}"
     # The edges the Arrow decoder takes are part of the proof; print them for the record.
@@ -325,23 +372,137 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
     )
 
 
-def test_latest_per_key_keeps_the_highest_offset() -> None:
-    rows = pa.table(
+# (id, topic, partition, offset, op or None for a tombstone, source position): changes of a key in
+# one batch, and the (topic, partition, offset) of the change both decoders must keep.
+ORDER_CASES: list[
+    tuple[str, list[tuple[int, str, int, int, str | None, dict[str, Any] | None]], tuple[str, int, int]]
+] = [
+    (
+        "Postgres lsn across partitions, the newer change at the lower offset",
+        [(1, "t", 0, 5, "u", {"lsn": 100, "ts_ms": 2}), (1, "t", 1, 0, "u", {"lsn": 200, "ts_ms": 3})],
+        ("t", 1, 0),
+    ),
+    (
+        "MySQL binlog rolled over: a newer file, a lower pos",
+        [
+            (2, "t", 0, 6, "u", {"file": "mysql-bin.000003", "pos": 9000, "row": 0, "ts_ms": 2}),
+            (2, "t", 1, 1, "u", {"file": "mysql-bin.000004", "pos": 4, "row": 0, "ts_ms": 3}),
+        ],
+        ("t", 1, 1),
+    ),
+    (
+        "MySQL rows of one binlog event",
+        [
+            (3, "t", 0, 7, "u", {"file": "mysql-bin.000004", "pos": 100, "row": 1, "ts_ms": 3}),
+            (3, "t", 1, 2, "u", {"file": "mysql-bin.000004", "pos": 100, "row": 0, "ts_ms": 3}),
+        ],
+        ("t", 0, 7),
+    ),
+    (
+        "commit time only",
+        [(4, "t", 0, 8, "u", {"ts_ms": 1000}), (4, "t", 1, 3, "u", {"ts_ms": 2000})],
+        ("t", 1, 3),
+    ),
+    (
+        "a replay within one partition: an older position at a higher offset",
+        [(5, "t", 0, 10, "u", {"lsn": 300}), (5, "t", 0, 11, "u", {"lsn": 250})],
+        ("t", 0, 10),
+    ),
+    (
+        "no positions, one partition: offsets",
+        [(6, "t", 0, 12, "u", None), (6, "t", 0, 13, "u", None)],
+        ("t", 0, 13),
+    ),
+    (
+        "a tombstone follows its delete, which is newer than the other partition's change",
+        [(7, "t", 1, 20, "u", {"lsn": 100}), (7, "t", 0, 14, "d", {"lsn": 400}), (7, "t", 0, 15, None, None)],
+        ("t", 0, 15),
+    ),
+    (
+        "a re-insert after a tombstone in its partition",
+        [(8, "t", 0, 16, None, None), (8, "t", 0, 17, "c", {"lsn": 500})],
+        ("t", 0, 17),
+    ),
+    (
+        "a tombstone alone in its partition ranks below a change with a position",
+        [(9, "t", 0, 18, None, None), (9, "t", 1, 6, "u", {"lsn": 50})],
+        ("t", 1, 6),
+    ),
+    (
+        "an event without a source takes its predecessor's position",
+        [
+            (10, "t", 0, 19, "u", {"lsn": 600}),
+            (10, "t", 0, 20, "u", None),
+            (10, "t", 1, 7, "u", {"lsn": 550}),
+        ],
+        ("t", 0, 20),
+    ),
+    (
+        "two topics",
+        [(11, "t", 0, 21, "u", {"lsn": 650}), (11, "t2", 0, 0, "u", {"lsn": 700})],
+        ("t2", 0, 0),
+    ),
+    (
+        "a full tie across partitions: offset, then topic and partition",
+        [(12, "t", 0, 22, "u", {"lsn": 800}), (12, "t", 1, 8, "u", {"lsn": 800})],
+        ("t", 0, 22),
+    ),
+]
+
+
+def _order_records() -> list[tuple[bytes, bytes | None, str, int, int]]:
+    """(key, value, topic, partition, offset) of every change of ORDER_CASES."""
+    rng = random.Random(4)
+    records = []
+    for _, changes, _ in ORDER_CASES:
+        for key, topic, partition, offset, op, source in changes:
+            row = _good_row(rng, key)
+            envelope = _envelope(op, None if op == "d" else row, {"id": key} if op == "d" else None, source)
+            value = None if op is None else json.dumps(envelope).encode()
+            records.append((json.dumps({"id": key}).encode(), value, topic, partition, offset))
+    return records
+
+
+def test_both_decoders_keep_the_newest_change_by_source_position(spark: SparkSession) -> None:
+    records = _order_records()
+    expected = {changes[0][0]: winner for _, changes, winner in ORDER_CASES}
+
+    frame = spark.createDataFrame(
+        [(k, v, t, p, o, datetime.now(UTC)) for k, v, t, p, o in records],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp",
+    )
+    changes = spark_decode(frame, COLUMNS, KEY, MAX_BYTES, tombstones=True)
+    assert changes.where(f"{ERROR_COLUMN} IS NOT NULL").count() == 0
+    kept = spark_latest_per_key(changes.drop(ERROR_COLUMN, "key", "value", "timestamp"), KEY).collect()
+    by_spark = {r["id"]: (r["topic"], r["partition"], r["offset"]) for r in kept}
+
+    kafka = pa.table(
         {
-            "id": pa.array([1, 2, 1, 3, 2], pa.int64()),
-            OP_COLUMN: pa.array(["c", "c", "u", "c", "d"]),
-            "offset": pa.array([10, 11, 12, 13, 9], pa.int64()),
+            "topic": [t for _, _, t, _, _ in records],
+            "partition": pa.array([p for _, _, _, p, _ in records], pa.int32()),
+            "offset": pa.array([o for *_, o in records], pa.int64()),
         }
     )
-    latest = {r["id"]: (r[OP_COLUMN], r["offset"]) for r in latest_per_key(rows, ["id"]).to_pylist()}
-    assert latest == {1: ("u", 12), 2: ("c", 11), 3: ("c", 13)}
+    decoded = decode([v for _, v, *_ in records], [k for k, *_ in records], kafka, COLUMNS, KEY).rows
+    by_arrow = {
+        r["id"]: (r["topic"], r["partition"], r["offset"]) for r in latest_per_key(decoded, KEY).to_pylist()
+    }
+
+    labels = {changes[0][0]: label for label, changes, _ in ORDER_CASES}
+    wrong = [
+        f"{labels[k]}: expected {want}, Spark kept {by_spark.get(k)}, Arrow kept {by_arrow.get(k)}"
+        for k, want in expected.items()
+        if by_spark.get(k) != want or by_arrow.get(k) != want
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert len(by_spark) == len(by_arrow) == len(expected)
 
 
 def test_a_batch_with_one_bad_record_is_declined() -> None:
     rng = random.Random(3)
     values = [json.dumps(_envelope("c", _good_row(rng, i))).encode() for i in range(50)]
     keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(50)]
-    offsets = pa.array(range(50), pa.int64())
+    offsets = _kafka(list(range(50)))
     assert decode(values, keys, offsets, COLUMNS, KEY).records == 50
     values[37] = json.dumps(_envelope("c", {**_good_row(rng, 37), "i32": 2**40})).encode()
     with pytest.raises(Declined, match="i32"):
@@ -358,7 +519,7 @@ def test_schema_sections_are_cut_out_and_handed_back() -> None:
         for i, row in enumerate(rows)
     ]
     keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(6)]
-    offsets = pa.array(range(6), pa.int64())
+    offsets = _kafka(list(range(6)))
     with_sections = decode(values, keys, offsets, COLUMNS, KEY, schema_sections=True)
     plain = [json.dumps(_envelope("c", row)).encode() for row in rows]
     assert with_sections.rows.equals(decode(plain, keys, offsets, COLUMNS, KEY).rows)
@@ -372,7 +533,7 @@ def test_a_schema_section_that_hides_the_payload_marker_is_declined() -> None:
     schema = {"type": "struct", "parameters": {"x": 1, "payload": 2}, "fields": []}
     value = json.dumps({"schema": schema, "payload": _envelope("c", row)}, separators=(",", ":")).encode()
     with pytest.raises(Declined, match="schema section"):
-        decode([value], [b'{"id":1}'], pa.array([0], pa.int64()), COLUMNS, KEY, schema_sections=True)
+        decode([value], [b'{"id":1}'], _kafka([0]), COLUMNS, KEY, schema_sections=True)
 
 
 def test_a_task_over_its_memory_bound_declines() -> None:

@@ -187,7 +187,7 @@ def test_concurrent_writer_conflict_is_retried_without_loss(
 def test_empty_batch_moves_offsets_without_a_snapshot(
     log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
 ) -> None:
-    """A batch of tombstones or dead letters only: offsets advance, no snapshot is made."""
+    """A batch of dead letters only (or of tombstones in append mode): offsets advance, no snapshot."""
     sink_id = unique_name("sink")
     c = committer(log, rest_catalog, sink_id, "a")
     c.commit(PendingCommit(table=".".join(table.name()), offsets={"t": {0: 5}}, snapshot_id=None))
