@@ -32,7 +32,7 @@ def _txnlog(config: SinkConfig) -> str:
 def _catalog(config: SinkConfig) -> str:
     from pyiceberg.exceptions import NoSuchTableError
 
-    from service.iceberg.tables import check_writable, open_catalog
+    from service.iceberg.tables import check_writable, check_write_properties, open_catalog
 
     catalog = open_catalog(config)
     try:
@@ -45,6 +45,7 @@ def _catalog(config: SinkConfig) -> str:
             ) from None
         catalog.list_namespaces()
         return f"reachable; table {config.table.identifier} will be created"
+    check_write_properties(table, config.write.table_properties())
     return f"table {config.table.identifier} (format v{table.metadata.format_version}) at {table.location()}"
 
 

@@ -153,10 +153,23 @@ class CommitConfig(_Section):
 SUPPORTED_FORMATS = ("parquet",)
 
 
+# The table property each of icesink's Parquet settings stands for (pyiceberg's writer reads them).
+WRITE_PROPERTIES = {
+    "target_file_size": "write.target-file-size-bytes",
+    "compression": "write.parquet.compression-codec",
+    "compression_level": "write.parquet.compression-level",
+    "row_group_limit": "write.parquet.row-group-limit",
+    "page_size": "write.parquet.page-size-bytes",
+}
+
+
 class WriteConfig(_Section):
+    """How files are written. A setting left out follows the table's own property (for a table icesink
+    creates: the property icesink gives it, else pyiceberg's default); a setting given overrides it."""
+
     format: str = Field(default="parquet", description="Data file format; only parquet can be written.")
-    target_file_size: int = 512 * 1024 * 1024
-    compression: Literal["zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"] = "zstd"
+    target_file_size: int | None = None
+    compression: Literal["zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"] | None = None
     compression_level: int | None = None
     row_group_limit: int | None = Field(default=None, gt=0)
     page_size: int | None = None
@@ -181,6 +194,14 @@ class WriteConfig(_Section):
     @classmethod
     def _size(cls, value: Any) -> int | None:
         return None if value is None else parse_size(value)
+
+    def table_properties(self) -> dict[str, str]:
+        """The table properties the settings given here stand for (none for settings left out)."""
+        return {
+            prop: str(value)
+            for name, prop in WRITE_PROPERTIES.items()
+            if (value := getattr(self, name)) is not None
+        }
 
 
 class SparkConfig(_Section):
@@ -239,6 +260,18 @@ class SinkConfig(_Section):
             return str(v).lower() if isinstance(v, bool) else str(v)
 
         return {str(k): normalise(v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _one_value_per_write_property(self) -> SinkConfig:
+        """``write`` settings and ``table.properties`` of a table icesink creates must not disagree."""
+        names = {prop: name for name, prop in WRITE_PROPERTIES.items()}
+        for prop, value in self.write.table_properties().items():
+            given = self.table.properties.get(prop)
+            if given is not None and given.lower() != value.lower():
+                raise ValueError(
+                    f"write.{names[prop]} ({value}) and table.properties {prop} ({given}) disagree: set one"
+                )
+        return self
 
     @property
     def catalog_name(self) -> str:

@@ -53,13 +53,14 @@ from service.data.debezium import (
     latest_per_key,
     schema_text,
 )
-from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition, writer_properties
+from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.datafile_json import from_json
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,
+    check_write_properties,
     delete_spec,
     ensure_table,
     format_version_problem,
@@ -267,6 +268,7 @@ class SinkJob:
         self.table, self.encodings = catalog_retries(
             self.config, "loading (or creating) the table", lambda: resolve_columns(self.config, self.catalog)
         )
+        check_write_properties(self.table, self.config.write.table_properties())
         self.columns = columns_for_table(self.table.schema(), self.encodings)
         # Events with schema sections are watched for schema changes; configured columns are fixed.
         self.track_schemas = not self.config.table.columns
@@ -613,13 +615,7 @@ class SinkJob:
             key=list(cfg.table.key),
             upsert=self.upsert,
             delete_spec_id=delete_spec_id,
-            writer_properties=writer_properties(
-                cfg.write.target_file_size,
-                cfg.write.compression,
-                cfg.write.compression_level,
-                cfg.write.row_group_limit,
-                cfg.write.page_size,
-            ),
+            writer_properties=cfg.write.table_properties(),
         )
 
     def _pending(self, files: list[DataFile], offsets: Offsets, outcome: BatchOutcome) -> PendingCommit:

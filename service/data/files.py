@@ -19,7 +19,6 @@ import pyarrow.compute as pc
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent
-from pyiceberg.table import TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, TimeType, UUIDType
 
@@ -44,7 +43,8 @@ class WriteSpec:
     writer_properties: dict[str, str] = field(default_factory=dict)
 
     def data_metadata(self) -> TableMetadata:
-        """The table's metadata with the sink's writer settings (compression, file size) on top."""
+        """The table's metadata with the sink's configured writer settings (compression, file size) on
+        top: pyiceberg's writer reads its settings from the table's properties."""
         return self.metadata.model_copy(
             update={"properties": {**self.metadata.properties, **self.writer_properties}}
         )
@@ -151,24 +151,3 @@ def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Itera
             "file": pa.array([json.dumps(to_json(f)) for f in files], pa.string()),
         }
     )
-
-
-def writer_properties(
-    target_file_size: int,
-    compression: str,
-    compression_level: int | None,
-    row_group_limit: int | None,
-    page_size: int | None,
-) -> dict[str, str]:
-    """Table properties pyiceberg's writer reads, from the sink's ``write`` settings."""
-    props = {
-        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(target_file_size),
-        TableProperties.PARQUET_COMPRESSION: compression,
-    }
-    if compression_level is not None:
-        props[TableProperties.PARQUET_COMPRESSION_LEVEL] = str(compression_level)
-    if row_group_limit is not None:
-        props[TableProperties.PARQUET_ROW_GROUP_LIMIT] = str(row_group_limit)
-    if page_size is not None:
-        props[TableProperties.PARQUET_PAGE_SIZE_BYTES] = str(page_size)
-    return props

@@ -6,12 +6,21 @@ import logging
 import re
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
 from pyiceberg.manifest import ManifestContent
-from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.partitioning import (
+    PartitionField,
+    PartitionSpec,
+    _PartitionNameGenerator,
+    _visit_partition_field,
+)
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.table.update import AddPartitionSpecUpdate, AssertLastAssignedPartitionId
 from pyiceberg.transforms import (
     BucketTransform,
@@ -131,6 +140,9 @@ def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | N
 
 
 def _create(catalog: Catalog, config: SinkConfig, columns: list[Column]) -> Table:
+    """Create the table in one catalog commit: schema with the key as identifier fields, partition
+    spec, sort order (none: icesink's files are not sorted) and properties, among them the write
+    settings icesink's files will have, so that the table says what its files are."""
     cfg = config.table
     try:
         catalog.create_namespace(cfg.namespace)
@@ -138,29 +150,58 @@ def _create(catalog: Catalog, config: SinkConfig, columns: list[Column]) -> Tabl
     except NamespaceAlreadyExistsError:
         pass
     schema: Schema = iceberg_schema(columns, cfg.key)
-    partition_fields = [parse_partition_field(p) for p in cfg.partition_by]
-    for column, _ in partition_fields:
-        if column not in {c.name for c in columns}:
-            raise SchemaError(f"partition_by: column {column!r} is not among the table's columns")
-    properties = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}
+    spec = partition_spec(schema, cfg.partition_by)
+    properties = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties, **config.write.table_properties()}
     try:
-        # Created unpartitioned first, so spec 0 is unpartitioned: equality deletes written with it
-        # apply to every partition (needed when a row can move between partitions).
-        table = catalog.create_table(cfg.identifier, schema=schema, properties=properties)
+        table = catalog.create_table(
+            cfg.identifier,
+            schema=schema,
+            partition_spec=spec,
+            sort_order=UNSORTED_SORT_ORDER,
+            properties=properties,
+        )
     except TableAlreadyExistsError:
         return catalog.load_table(cfg.identifier)
-    if partition_fields:
-        with table.update_spec() as update:
-            for column, transform in partition_fields:
-                update.add_field(column, transform)
-        table = catalog.load_table(cfg.identifier)
     logger.info(
-        "created table %s (format v2, key %s, partitioned by %s)",
+        "created table %s (format v2, key %s, partitioned by %s, %s Parquet)",
         cfg.identifier,
         cfg.key,
         cfg.partition_by or "nothing",
+        properties[TableProperties.PARQUET_COMPRESSION],
     )
     return table
+
+
+def partition_spec(schema: Schema, partition_by: list[str]) -> PartitionSpec:
+    """The spec of ``partition_by`` (``country``, ``day(ts)``, ``bucket(16, id)`` ...) over ``schema``,
+    its fields named as Iceberg names them (``ts_day``, ``id_bucket_16``)."""
+    fields = []
+    for i, text in enumerate(partition_by):
+        column, transform = parse_partition_field(text)
+        try:
+            source = schema.find_field(column)
+        except ValueError:
+            raise SchemaError(f"partition_by: column {column!r} is not among the table's columns") from None
+        field = PartitionField(source_id=source.field_id, field_id=1000 + i, transform=transform, name="")
+        name = _visit_partition_field(schema, field, _PartitionNameGenerator())
+        fields.append(field.model_copy(update={"name": name}))
+    return PartitionSpec(*fields)
+
+
+def check_write_properties(table: Table, overrides: dict[str, str]) -> None:
+    """Refuse to start when the table's Parquet settings (``write.parquet.*``, with the sink's
+    ``write`` settings on top) can't be written, before anything is read or precommitted: otherwise
+    every batch would fail on it (a codec pyarrow lacks, such as lzo, say)."""
+    properties = {**table.properties, **overrides}
+    try:
+        kwargs = _get_parquet_writer_kwargs(properties)
+        pq.write_table(pa.table({"probe": [1]}), pa.BufferOutputStream(), **kwargs)
+    except (ValueError, OSError, pa.ArrowException) as exc:
+        settings = {k: v for k, v in properties.items() if k.startswith("write.parquet.")}
+        raise SchemaError(
+            f"table {'.'.join(table.name())}: its Parquet settings {settings} can't be written ({exc}); "
+            "change the table property or override it in the sink's write section"
+        ) from None
 
 
 def live_data_spec_ids(table: Table) -> set[int]:

@@ -27,7 +27,9 @@ def with_(**sections: Any) -> dict[str, Any]:
 def test_defaults() -> None:
     config = parse_config(BASE, env={})
     assert config.table.mode.value == "upsert"
-    assert config.write.compression == "zstd" and config.write.target_file_size == 512 * 1024**2
+    # Write settings left out follow the table's properties.
+    assert config.write.compression is None and config.write.target_file_size is None
+    assert config.write.table_properties() == {}
     assert config.dead_letter_topic == "orders.dlq"
     assert config.commit.min_size is None and config.commit.max_period is None
 
@@ -43,6 +45,17 @@ def test_defaults() -> None:
         (with_(commit={"max_period": "soon"}), "not a duration"),
         (with_(write={"target_file_size": "lots"}), "not a size"),
         (with_(write={"format": "orc"}), "only file writer is Parquet"),
+        (
+            with_(
+                write={"compression": "snappy"},
+                table={
+                    "identifier": "ns.t",
+                    "key": ["id"],
+                    "properties": {"write.parquet.compression-codec": "gzip"},
+                },
+            ),
+            r"write.compression \(snappy\) and table.properties write.parquet.compression-codec \(gzip\) disagree",
+        ),
         (with_(sink_id="has space"), "sink_id"),
     ],
 )
