@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
-from tests.sink.test_decoding import _dead_letters, produce_raw
+from tests.sink.test_decoding import _dead_letters
 
 TOPIC_LIMIT = 20_000
 
@@ -45,7 +45,7 @@ def test_a_dead_letter_larger_than_the_topic_accepts_is_truncated(make_sink: Any
     assert refused is not None and refused.code() == KafkaError.MSG_SIZE_TOO_LARGE, refused
 
     sink.produce(30)
-    produce_raw(sink, [(json.dumps({"id": 999}), bad.decode())])
+    sink.send([(json.dumps({"id": 999}), bad.decode())])
     sink.produce(10)
     run = sink.run_until_caught_up()
 

@@ -18,7 +18,7 @@ from service.data import arrow_decode
 from service.data.columns import column_from_config
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, SinkRun
-from tests.sink.test_decoding import _dead_letters, _unscaled, produce_raw
+from tests.sink.test_decoding import _dead_letters, _unscaled
 
 
 def _envelope(schema: dict[str, Any], op: str, after: Any, before: Any = None) -> str:
@@ -88,8 +88,7 @@ def test_a_decimal_wider_than_its_column_is_a_dead_letter(make_sink: Any, spark:
     widest = Decimal("123456789012345678901234567890123456.78")  # 38 digits
     negative = Decimal("-999999999999999999999999999999999999.99")  # the smallest decimal(38,2)
     too_wide = Decimal("1234567890123456789012345678901234567.89")  # 39 digits
-    produce_raw(
-        sink,
+    sink.send(
         [
             (_key(1), _envelope(schema, "c", {"id": 1, "amount": _unscaled(widest, 2)})),
             (_key(2), _envelope(schema, "c", {"id": 2, "amount": _unscaled(too_wide, 2)})),
@@ -149,8 +148,7 @@ def test_a_truncate_event_is_a_dead_letter(make_sink: Any, spark: Any, stack: An
             "payload": {"op": "t", "before": None, "after": None, "source": {"table": "customers"}},
         }
     )
-    produce_raw(
-        sink,
+    sink.send(
         [
             (_key(1), _envelope(schema, "c", {"id": 1, "name": "a"})),
             (_key(2), _envelope(schema, "c", {"id": 2, "name": "b"})),

@@ -28,7 +28,7 @@ from service.sample import table_columns
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
-from tests.sink.test_decoding import _dead_letters, produce_raw
+from tests.sink.test_decoding import _dead_letters
 from txnlog import Action, Phase, TransactionLog
 
 
@@ -81,9 +81,7 @@ def test_fixed_column_is_written_and_wrong_lengths_dead_lettered(
         after = {"id": i, "h": None if h is None else base64.b64encode(h).decode(), "v": f"v{i}"}
         return json.dumps({"id": i}), json.dumps({"op": "c", "before": None, "after": after})
 
-    produce_raw(
-        sink, [record(1, b"\x00\x01\xfe\xff"), record(2, None), record(3, b"abc"), record(4, b"abcde")]
-    )
+    sink.send([record(1, b"\x00\x01\xfe\xff"), record(2, None), record(3, b"abc"), record(4, b"abcde")])
     sink.run_until_caught_up()
 
     assert rest_catalog.load_table(sink.table).schema().find_field("h").field_type == FixedType(4)
