@@ -11,8 +11,8 @@ it committed; dropping it would write its records twice. The txnlog's history ke
 abort (with the dropped plan), both with this command as their owner.
 
 What becomes of the batch's records: the sink resumes from the committed offsets, so they are read
-from Kafka again and written anew. Only records Kafka no longer holds (retention) are lost, and those of
-a partition that was never committed when ``kafka.starting_offsets`` is ``latest`` are skipped.
+from Kafka again and written anew. Only records Kafka no longer holds (retention) are lost; a
+partition that was never committed is read from its earliest offset.
 """
 
 from __future__ import annotations
@@ -113,7 +113,6 @@ def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missin
         + (f" (seq {state.committed_seq})" if state.committed_seq is not None else " (none yet)")
         + ", so they are read from Kafka again and written anew:",
     ]
-    default = config.kafka.starting_offsets
     for topic, parts in sorted(pending.offsets.items()):
         for partition, end in sorted(parts.items()):
             start = committed.get(topic, {}).get(partition)
@@ -121,14 +120,9 @@ def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missin
             if start is not None:
                 if start < end:
                     lines.append(f"{where} offsets {start}..{end - 1} are read and written again")
-            elif default == "earliest":
-                lines.append(
-                    f"{where} never committed: read again from the earliest offset Kafka holds, up to {end - 1}"
-                )
             else:
                 lines.append(
-                    f"{where} never committed and kafka.starting_offsets is latest: records up to offset "
-                    f"{end - 1} are SKIPPED"
+                    f"{where} never committed: read again from the earliest offset Kafka holds, up to {end - 1}"
                 )
     lines.append(
         "Records Kafka no longer holds (retention) can't be read again. Files of the plan that still "

@@ -29,6 +29,12 @@ def _txnlog(config: SinkConfig) -> str:
     return f"schema version {version}, {where}"
 
 
+def _offsets(config: SinkConfig) -> str:
+    from service.offsets import describe
+
+    return describe(config)
+
+
 def _catalog(config: SinkConfig) -> str:
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -92,6 +98,7 @@ CHECKS: list[tuple[str, Callable[[SinkConfig], str]]] = [
     ("spark jars", _spark_jars),
     ("kafka", _kafka),
     ("txnlog (postgres)", _txnlog),
+    ("committed offsets", _offsets),
     ("catalog", _catalog),
     ("object store", _storage),
 ]

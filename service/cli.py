@@ -27,6 +27,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.channel.committer import LogBehindTable, PlanUncommittable
     from service.health import Health
     from service.job import SinkFenced, SinkJob
+    from service.offsets import OffsetsGone
     from service.source import SourceError
 
     health = Health()
@@ -40,6 +41,9 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except SinkFenced as exc:
         logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
         return EXIT_FENCED
+    except OffsetsGone as exc:
+        logger.error("stopping: %s", exc)
+        return EXIT_CONFIG
     except (SchemaError, SourceError, LogBehindTable, PlanUncommittable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
@@ -119,6 +123,22 @@ def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
     return EXIT_FAILED if outcome.refused else EXIT_OK
 
 
+def _offsets_reset(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.offsets import ResetRefused, reset
+    from service.source import SourceError
+
+    if args.partition is not None and args.topic is None:
+        print("icesink: offsets reset: --partition needs --topic", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        result = reset(config, args.to, args.topic, args.partition)
+    except (ResetRefused, SourceError) as exc:
+        print(f"icesink: offsets reset: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(json.dumps(result, indent=2))
+    return EXIT_OK
+
+
 def _duration(text: str) -> timedelta:
     try:
         return parse_duration(text)
@@ -133,6 +153,7 @@ COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "orphans": _orphans,
     "txnlog reseed": _txnlog_reseed,
     "txnlog abandon": _txnlog_abandon,
+    "offsets reset": _offsets_reset,
 }
 
 
@@ -176,7 +197,23 @@ def parser() -> argparse.ArgumentParser:
         help="drop a pending plan that can never be committed (its files are gone): the sink then reads "
         "the batch's records from Kafka again from the committed offsets; refused if the plan landed",
     )
-    for leaf in [*(sub.choices[n] for n in ("run", "status", "check", "orphans")), *txnlog.choices.values()]:
+    offsets = sub.add_parser("offsets", help="move the sink's committed Kafka offsets").add_subparsers(
+        dest="offsets_command", required=True
+    )
+    reset = offsets.add_parser(
+        "reset",
+        help="move committed offsets Kafka no longer holds (or those of --topic/--partition) to the "
+        "earliest or latest offsets, recorded in the txnlog's history (JSON); fences a running sink",
+    )
+    reset.add_argument("--to", choices=("earliest", "latest"), required=True)
+    reset.add_argument("--topic", help="reset this topic's partitions, whatever their state")
+    reset.add_argument("--partition", type=int, help="only this partition of --topic")
+    leaves = [
+        *(sub.choices[n] for n in ("run", "status", "check", "orphans")),
+        *txnlog.choices.values(),
+        reset,
+    ]
+    for leaf in leaves:
         leaf.add_argument("--config", "-c", required=True, help="the sink's YAML file")
     return p
 
@@ -189,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"icesink: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     setup_logging(config.log)
-    command = " ".join(c for c in (args.command, getattr(args, "txnlog_command", None)) if c)
+    nested = (getattr(args, "txnlog_command", None), getattr(args, "offsets_command", None))
+    command = " ".join(c for c in (args.command, *nested) if c)
     return COMMANDS[command](config, args)
 
 

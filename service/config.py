@@ -45,9 +45,27 @@ class KafkaConfig(_Section):
         default_factory=dict,
         description="Extra Kafka client properties (security.protocol, sasl.*, ...) for every client.",
     )
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where the sink starts reading a topic it has never read; latest is resolved to "
+        "concrete offsets and recorded in the txnlog before anything is read.",
+    )
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        default="read_committed",
+        description="read_committed: records of aborted producer transactions are never read (Spark's "
+        "source and icesink's own consumers alike).",
+    )
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     dead_letter_topic: str | None = None
+
+    @field_validator("options")
+    @classmethod
+    def _isolation_is_typed(cls, value: dict[str, str]) -> dict[str, str]:
+        """One place for the isolation level: a second one in ``options`` would split Spark's source
+        from icesink's own consumers, or silently lose to the typed key."""
+        if "isolation.level" in value:
+            raise ValueError("isolation.level: set kafka.isolation_level instead (read_committed by default)")
+        return value
 
 
 class SourceConfig(_Section):

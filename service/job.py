@@ -69,8 +69,19 @@ from service.iceberg.tables import (
 )
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
+from service.offsets import OffsetsGone, check_committed, recreated
 from service.retrying import Backoff, catalog_answer, log_failure, retry_call
-from service.source import end_offsets, partitions, peek_schema, spark_options, starting_offsets
+from service.source import (
+    SourceError,
+    admin,
+    batch_end_offsets,
+    end_offsets,
+    partitions,
+    peek_schema,
+    spark_options,
+    starting_offsets,
+    topic_ids,
+)
 from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout, TransactionLog
 
@@ -265,6 +276,8 @@ class SinkJob:
         # Kafka first: a broker or topic that can't be reached stops start-up before a table is
         # created or the sink is claimed.
         self.partitions = partitions(self.config.kafka)
+        self._admin = admin(self.config.kafka)
+        self.topic_ids = topic_ids(self._admin, list(self.partitions))
         self.table, self.encodings = catalog_retries(
             self.config, "loading (or creating) the table", lambda: resolve_columns(self.config, self.catalog)
         )
@@ -290,9 +303,40 @@ class SinkJob:
         )
         try:
             self.committer.recover()
+            committed = self.committer.committed()
+            check_committed(self.config, self.partitions, self.topic_ids, committed)
+            self.offsets: Offsets = committed.offsets if committed else {}
+            self._record_starting_offsets()
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
-        self.offsets: Offsets = self.committer.committed_offsets()
+
+    def _record_starting_offsets(self) -> None:
+        """Resolve ``starting_offsets: latest`` for topics the sink never read, and commit the result.
+
+        Left to Spark, "latest" is resolved again at every start for each partition without a
+        committed offset, and a partition that had no record in any committed batch (a quiet one, or
+        a sink killed before its first commit) would skip what was produced to it meanwhile. Recorded
+        as a plan without files before anything is read, the offsets are the sink's from then on;
+        partitions added to a topic later have no offset and are read from the earliest.
+        """
+        if self.config.kafka.starting_offsets != "latest":
+            return
+        new = {t: ps for t, ps in self.partitions.items() if t not in self.offsets}
+        if not new:
+            return
+        latest = end_offsets(self.config.kafka, new)
+        pending = PendingCommit(
+            table=self.config.table.identifier,
+            offsets=merge_offsets(self.offsets, latest),
+            snapshot_id=None,
+            topic_ids=dict(self.topic_ids),
+            note=f"starting_offsets latest, resolved for {sorted(new)}",
+        )
+        seq = self.committer.commit(pending).seq
+        self.offsets = pending.offsets
+        logger.info(
+            "starting_offsets latest: recorded the latest offsets %s in the txnlog (seq %d)", latest, seq
+        )
 
     def _arrow_decoder_usable(self) -> bool:
         """Whether batches go through the one-job Arrow path first (service.data.arrow_batch)."""
@@ -374,7 +418,8 @@ class SinkJob:
         checkpoint = tempfile.mkdtemp(
             prefix=f"icesink-{self.config.sink_id}-", dir=self.config.spark.checkpoint_dir
         )
-        start = starting_offsets(self.partitions, self.offsets, self.config.kafka.starting_offsets)
+        self._checkpoint = checkpoint
+        start = starting_offsets(self.partitions, self.offsets)
         if until_caught_up:
             self._target = end_offsets(self.config.kafka, self.partitions)
             logger.info("catching up to %s", self._target)
@@ -419,9 +464,10 @@ class SinkJob:
             if self.fatal is None or isinstance(self.fatal, StopRequested):
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
-        except Exception:
+        except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None
+            self._explain_stream_failure(exc)
             raise
         finally:
             if query.isActive:  # this loop failed (an idle flush): no batch may run after it
@@ -432,11 +478,49 @@ class SinkJob:
         if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
 
+    def _explain_stream_failure(self, exc: Exception) -> None:
+        """Raise :class:`OffsetsGone` if that is why the stream failed.
+
+        Spark's source fails a batch whose offsets Kafka no longer holds (retention deleted records
+        the sink had not read yet while it ran): that is not a crash to restart from, since every
+        restart would fail the same way.
+        """
+        try:
+            parts = partitions(self.config.kafka)
+            check_committed(
+                self.config, parts, topic_ids(self._admin, list(parts)), self.committer.committed()
+            )
+        except OffsetsGone as gone:
+            raise gone from exc
+        except Exception as check_failed:
+            logger.warning("could not check the committed offsets after the failure: %s", check_failed)
+
     def _on_batch(self, records: DataFrame, batch_id: int) -> None:
         if self._stop_requested.is_set():
             self.fatal = StopRequested("stop requested before the batch started")
             raise self.fatal
-        self._exclusive(lambda: self.process_batch(records))
+        self._exclusive(lambda: self._batch(records, batch_id))
+
+    def _batch(self, records: DataFrame, batch_id: int) -> None:
+        """One micro-batch, after checking that its topics are still those the offsets belong to.
+
+        Describing the topics is one request: a topic deleted and re-created while the sink runs
+        would otherwise be read from the old offsets. Retention deleting unread records is Spark's
+        to notice (its data-loss check fails the stream; see :meth:`_explain_stream_failure`).
+        """
+        try:
+            current = topic_ids(self._admin, list(self.partitions), timeout_s=5.0)
+        except SourceError as exc:  # Kafka slow to answer: the batch's own read decides
+            logger.warning("could not check the topic ids before the batch: %s", exc)
+            current = self.topic_ids
+        problems = [
+            recreated(t, self.topic_ids[t], i, self.offsets.get(t, {}))
+            for t, i in current.items()
+            if self.topic_ids.get(t) not in (None, i)
+        ]
+        if problems:
+            raise OffsetsGone(self.config.sink_id, problems)
+        self.process_batch(records, batch_end_offsets(self._checkpoint, batch_id))
 
     def _flush_when_idle(self) -> None:
         """Commit a buffer whose ``commit.max_period`` passed while no micro-batch came.
@@ -481,35 +565,42 @@ class SinkJob:
 
     # -- one batch -------------------------------------------------------------------------------------
 
-    def process_batch(self, records: DataFrame) -> None:
-        """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch)."""
+    def process_batch(self, records: DataFrame, end: Offsets) -> None:
+        """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch).
+
+        ``end`` is where Spark's source ends the batch (:func:`service.source.batch_end_offsets`):
+        what the commit covers, past any aborted records and transaction markers at its end.
+        """
         if (
             self.arrow_decoder
             and not self._buffer.frames
             and self._arrow_path_for_this_batch()
-            and self._flush_arrow(records)
+            and self._flush_arrow(records, end)
         ):
             return
         records = records.persist()
         ranges = (
             records.groupBy("topic", "partition")
             .agg(
-                F.max("offset").alias("last"),
                 F.max("timestamp").alias("newest"),
                 F.sum(F.length("value")).alias("bytes"),
             )
             .collect()
         )
+        buffer = self._buffer
         if not ranges:
             records.unpersist()
+            if buffer.frames:
+                buffer.offsets = merge_offsets(buffer.offsets, end)
+            else:
+                self._commit_offsets(end)
             return
-        buffer = self._buffer
         buffer.frames.append(records)
+        buffer.offsets = merge_offsets(buffer.offsets, end)
         now = time.monotonic()
         if buffer.since is None:
             buffer.since = now
         for row in ranges:
-            buffer.offsets.setdefault(row["topic"], {})[row["partition"]] = row["last"] + 1
             buffer.bytes += row["bytes"] or 0
             if row["newest"] is not None and (buffer.newest is None or row["newest"] > buffer.newest):
                 buffer.newest = row["newest"]
@@ -533,7 +624,18 @@ class SinkJob:
             for frame in buffer.frames:
                 frame.unpersist()
 
-    def _flush_arrow(self, records: DataFrame) -> bool:
+    def _commit_offsets(self, end: Offsets) -> None:
+        """Commit a batch that held no record to read: only aborted records or transaction markers.
+
+        Their offsets are done with; committing them keeps the lag at zero and spares the next start
+        reading them again.
+        """
+        offsets = merge_offsets(self.offsets, end)
+        if offsets != self.offsets:
+            outcome = BatchOutcome()
+            self._commit(self._pending([], offsets, outcome), outcome, time.monotonic(), None)
+
+    def _flush_arrow(self, records: DataFrame, end: Offsets) -> bool:
         """Write and commit the batch through the one-job Arrow path; False if it declined the batch."""
         started = time.monotonic()
         try:
@@ -549,9 +651,9 @@ class SinkJob:
             batch.task_seconds.get("write", 0.0),
             time.monotonic() - started,
         )
-        if batch.offsets:
+        offsets = merge_offsets(self.offsets, end)
+        if batch.records or offsets != self.offsets:
             outcome = BatchOutcome(records=batch.records, by_op=batch.by_op, decoder="arrow")
-            offsets = merge_offsets(self.offsets, batch.offsets)
             self._commit(self._pending(batch.files, offsets, outcome), outcome, started, batch.newest)
         return True
 
@@ -627,6 +729,7 @@ class SinkJob:
             snapshot_id=new_snapshot_id() if files else None,
             data_files=data,
             delete_files=deletes,
+            topic_ids=dict(self.topic_ids),
             stats={
                 "records": outcome.records,
                 "dead_letters": outcome.dead_letters,

@@ -15,28 +15,24 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from service import source
 from service.config import SinkConfig
 from service.metrics import SinkMetrics
+from service.source import Watermarks
 
 logger = logging.getLogger(__name__)
 
 Offsets = Mapping[str, Mapping[int, int]]
-Watermarks = dict[tuple[str, int], tuple[int, int]]
 
 
-def compute_lag(
-    watermarks: Watermarks, committed: Offsets, from_earliest: bool = True
-) -> dict[tuple[str, int], int]:
+def compute_lag(watermarks: Watermarks, committed: Offsets) -> dict[tuple[str, int], int]:
     """Records per partition between the committed offset and the high watermark (never negative)."""
     lag: dict[tuple[str, int], int] = {}
     for (topic, partition), (low, high) in watermarks.items():
-        done = committed.get(topic, {}).get(partition)
-        if done is None:
-            done = low if from_earliest else high
+        done = committed.get(topic, {}).get(partition, low)
         lag[(topic, partition)] = max(0, high - max(done, low))
     return lag
 
@@ -62,35 +58,15 @@ class LagMonitor:
         self._consumer: Any = None
         self._failing = False
 
-    def _client(self) -> Any:
-        if self._consumer is None:
-            from confluent_kafka import Consumer
-
-            from service.source import client_config
-
-            self._consumer = Consumer(
-                client_config(
-                    self.config.kafka,
-                    **{"group.id": f"icesink-lag-{uuid.uuid4()}", "enable.auto.commit": False},
-                )
-            )
-        return self._consumer
-
     def watermarks(self, timeout_s: float = 10.0) -> Watermarks:
-        from confluent_kafka import TopicPartition
-
-        consumer = self._client()
-        out: Watermarks = {}
-        for topic, parts in self.partitions.items():
-            for p in parts:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-                out[(topic, p)] = (int(low), int(high))
-        return out
+        if self._consumer is None:
+            self._consumer = source.consumer(self.config.kafka, "lag")
+        return source.watermarks(self._consumer, self.partitions, timeout_s)
 
     def poll_once(self) -> dict[tuple[str, int], int]:
         """Measure and publish the lag once; returns it."""
         marks = self.watermarks()
-        lag = compute_lag(marks, self.committed(), self.config.kafka.starting_offsets == "earliest")
+        lag = compute_lag(marks, self.committed())
         self.metrics.set_lag(lag)
         return lag
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from service.channel.pending import Offsets
+from service.channel.pending import Offsets, offsets_from_json
 from service.config import KafkaConfig
 
 logger = logging.getLogger(__name__)
 
 # Java-client properties that librdkafka does not know; they are passed to Spark only.
 _JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.", "ssl.keystore.", "sasl.login.", "sasl.client.callback")
-EARLIEST = -2
-LATEST = -1
+EARLIEST = -2  # Spark's startingOffsets for "the earliest offset"
+
+# (topic, partition) → (earliest offset, end offset)
+Watermarks = dict[tuple[str, int], tuple[int, int]]
 
 
 class SourceError(RuntimeError):
@@ -30,32 +35,45 @@ def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
 
 
 def spark_options(kafka: KafkaConfig) -> dict[str, str]:
+    """Options for Spark's Kafka source: the client properties as ``kafka.<key>``, and the isolation level."""
     return {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         **{f"kafka.{k}": v for k, v in kafka.options.items()},
+        "kafka.isolation.level": kafka.isolation_level,
     }
 
 
-def _consumer(kafka: KafkaConfig) -> Consumer:
+def consumer(kafka: KafkaConfig, purpose: str = "admin", isolation_level: str | None = None) -> Consumer:
+    """A consumer for offsets and peeks, in a group of its own, at the sink's isolation level unless
+    told otherwise.
+
+    With read_committed the high watermark it reports is the last stable offset: the end of what
+    the sink can read, past committed transactions and their markers, short of an open transaction.
+    """
     return Consumer(
         client_config(
             kafka,
             **{
-                "group.id": f"icesink-admin-{uuid.uuid4()}",
+                "group.id": f"icesink-{purpose}-{uuid.uuid4()}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
+                "isolation.level": isolation_level or kafka.isolation_level,
             },
         )
     )
 
 
+def admin(kafka: KafkaConfig) -> AdminClient:
+    return AdminClient(client_config(kafka))
+
+
 def partitions(kafka: KafkaConfig, timeout_s: float = 15.0) -> dict[str, list[int]]:
-    consumer = _consumer(kafka)
+    client = consumer(kafka)
     try:
         result: dict[str, list[int]] = {}
         for topic in kafka.topics:
             try:
-                meta = consumer.list_topics(topic, timeout=timeout_s)
+                meta = client.list_topics(topic, timeout=timeout_s)
             except KafkaException as exc:
                 raise SourceError(f"Kafka at {kafka.bootstrap_servers} did not answer: {exc}") from None
             info = meta.topics.get(topic)
@@ -65,45 +83,78 @@ def partitions(kafka: KafkaConfig, timeout_s: float = 15.0) -> dict[str, list[in
             result[topic] = sorted(info.partitions)
         return result
     finally:
-        consumer.close()
+        client.close()
 
 
-def end_offsets(kafka: KafkaConfig, parts: dict[str, list[int]], timeout_s: float = 15.0) -> Offsets:
-    consumer = _consumer(kafka)
+def topic_ids(client: AdminClient, topics: list[str], timeout_s: float = 15.0) -> dict[str, str]:
+    """Each topic's id: a topic deleted and re-created under the same name gets a new one."""
+    futures = client.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
     try:
-        return {
-            topic: {
-                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in ps
-            }
-            for topic, ps in parts.items()
-        }
+        return {topic: str(future.result(timeout_s).topic_id) for topic, future in futures.items()}
+    except KafkaException as exc:
+        raise SourceError(f"Kafka could not describe the topics {topics}: {exc}") from None
+
+
+def watermarks(client: Consumer, parts: Mapping[str, list[int]], timeout_s: float = 15.0) -> Watermarks:
+    """(earliest, end) offset per topic-partition; the end is the last stable offset under read_committed."""
+    out: Watermarks = {}
+    for topic, ps in parts.items():
+        for p in ps:
+            low, high = client.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            out[(topic, p)] = (int(low), int(high))
+    return out
+
+
+def end_offsets(kafka: KafkaConfig, parts: Mapping[str, list[int]], timeout_s: float = 15.0) -> Offsets:
+    client = consumer(kafka)
+    try:
+        marks = watermarks(client, parts, timeout_s)
     finally:
-        consumer.close()
+        client.close()
+    result: Offsets = {}
+    for (topic, p), (_, high) in marks.items():
+        result.setdefault(topic, {})[p] = high
+    return result
 
 
-def starting_offsets(parts: dict[str, list[int]], committed: Offsets, default: str) -> str:
-    """Spark's ``startingOffsets`` JSON: committed offsets, and the default for partitions never seen.
+def starting_offsets(parts: Mapping[str, list[int]], committed: Offsets) -> str:
+    """Spark's ``startingOffsets`` JSON: the committed offsets, and the earliest for any other partition.
 
-    Spark requires every partition of a subscribed topic to be listed when offsets are explicit.
+    A partition without a committed offset is one added after the sink's first start (a
+    ``starting_offsets: latest`` is resolved and committed for every partition before anything is
+    read), so everything in it is new to the sink. Spark requires every partition of a subscribed
+    topic to be listed when offsets are explicit.
     """
-    fallback = EARLIEST if default == "earliest" else LATEST
     spec = {
-        topic: {str(p): committed.get(topic, {}).get(p, fallback) for p in ps} for topic, ps in parts.items()
+        topic: {str(p): committed.get(topic, {}).get(p, EARLIEST) for p in ps} for topic, ps in parts.items()
     }
     return json.dumps(spec)
+
+
+def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
+    """Where Spark's Kafka source ends micro-batch ``batch_id``: its entry in the checkpoint's offset log.
+
+    Spark writes the entry before it runs the batch (``v1``, a metadata line, then one line per
+    source: this query has one). The batch's records alone can't say where it ends: records of
+    aborted transactions and transaction markers take offsets but are never read, so the offset
+    after the last record read may fall short, and committing it would leave the sink's lag above
+    zero for good and make every restart read the markers again.
+    """
+    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
+    return offsets_from_json(json.loads(lines[2]))
 
 
 def peek_schema(
     kafka: KafkaConfig, max_records: int = 1000, timeout_s: float = 10.0
 ) -> dict[str, Any] | None:
     """The ``schema`` section of the first event that has one, or None."""
-    consumer = _consumer(kafka)
+    client = consumer(kafka, "peek")
     try:
-        consumer.subscribe(kafka.topics)
+        client.subscribe(kafka.topics)
         seen = 0
         idle = 0
         while seen < max_records and idle < 3:
-            messages = consumer.consume(num_messages=100, timeout=timeout_s / 3)
+            messages = client.consume(num_messages=100, timeout=timeout_s / 3)
             if not messages:
                 idle += 1
                 continue
@@ -121,4 +172,4 @@ def peek_schema(
                     return schema
         return None
     finally:
-        consumer.close()
+        client.close()

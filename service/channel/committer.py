@@ -22,7 +22,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from service.channel.marks import commit_properties, latest_mark, property_key, property_mark
-from service.channel.pending import Offsets, PendingCommit
+from service.channel.pending import PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
@@ -85,10 +85,11 @@ class Committer:
     def sink_id(self) -> str:
         return self.lease.sink_id
 
-    def committed_offsets(self) -> Offsets:
+    def committed(self) -> PendingCommit | None:
+        """The last committed plan: its offsets are where the sink resumes."""
         state = self.log.state(self.sink_id)
         payload = state.committed_payload if state else None
-        return PendingCommit.from_payload(payload).offsets if payload else {}
+        return PendingCommit.from_payload(payload) if payload else None
 
     def check_log_is_current(self, table: Table) -> None:
         """Refuse to run when ``table`` holds a commit of this sink with a seq the log never reached.

@@ -44,6 +44,10 @@ class PendingCommit:
     """Files and offsets of one batch. ``snapshot_id`` is None when the batch wrote no file.
 
     The payload is self-sufficient: any replica can finish the commit from it without Kafka.
+    ``topic_ids`` are the ids of the topics the offsets belong to: a topic deleted and re-created
+    under the same name has a new id, and its old offsets mean nothing in it. A plan that is not a
+    batch (starting offsets recorded, offsets reset by an operator) says what it is in ``note``,
+    which the txnlog's history keeps.
     """
 
     table: str
@@ -52,6 +56,8 @@ class PendingCommit:
     data_files: list[DataFile] = field(default_factory=list)
     delete_files: list[DataFile] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    note: str | None = None
 
     @property
     def has_files(self) -> bool:
@@ -65,6 +71,8 @@ class PendingCommit:
             "data_files": [to_json(f) for f in self.data_files],
             "delete_files": [to_json(f) for f in self.delete_files],
             "stats": self.stats,
+            "topic_ids": dict(sorted(self.topic_ids.items())),
+            **({"note": self.note} if self.note else {}),
         }
 
     @classmethod
@@ -76,6 +84,8 @@ class PendingCommit:
             data_files=[from_json(f) for f in payload.get("data_files", [])],
             delete_files=[from_json(f) for f in payload.get("delete_files", [])],
             stats=dict(payload.get("stats", {})),
+            topic_ids=dict(payload.get("topic_ids", {})),
+            note=payload.get("note"),
         )
 
     def summary(self, sink_id: str, epoch: int, seq: int) -> dict[str, str]:

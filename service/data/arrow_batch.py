@@ -30,7 +30,6 @@ from pyiceberg.io import load_file_io
 from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame
 
-from service.channel.pending import Offsets
 from service.data.arrow_decode import Declined, decode, latest_per_key
 from service.data.columns import Column
 from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
@@ -63,7 +62,6 @@ class ArrowBatch:
     """The outcome of a batch written by :func:`run`."""
 
     files: list[DataFile] = field(default_factory=list)
-    offsets: Offsets = field(default_factory=dict)
     newest: datetime | None = None
     bytes: int = 0
     records: int = 0
@@ -72,20 +70,21 @@ class ArrowBatch:
 
 
 def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
-    """Per topic-partition: the last offset, the newest record's timestamp (µs) and the value bytes."""
+    """Per topic-partition: the newest record's timestamp (µs) and the value bytes.
+
+    Where the batch ends is not the last offset read (see service.source.batch_end_offsets)."""
     sizes = pc.fill_null(pc.binary_length(table["value"]), 0)
     grouped = (
-        table.select(["topic", "partition", "offset"])
+        table.select(["topic", "partition"])
         .append_column("ts", pc.cast(table["timestamp"], pa.int64()))
         .append_column("bytes", pc.cast(sizes, pa.int64()))
         .group_by(["topic", "partition"], use_threads=False)
-        .aggregate([("offset", "max"), ("ts", "max"), ("bytes", "sum")])
+        .aggregate([("ts", "max"), ("bytes", "sum")])
     )
     return [
         {
             "topic": r["topic"],
             "partition": r["partition"],
-            "last": r["offset_max"],
             "newest_us": r["ts_max"],
             "bytes": r["bytes_sum"],
         }
@@ -205,7 +204,6 @@ def run(
     newest_us: int | None = None
     for summary, _ in summaries:
         for p in summary["positions"]:
-            result.offsets.setdefault(p["topic"], {})[int(p["partition"])] = int(p["last"]) + 1
             result.bytes += int(p["bytes"] or 0)
             if p["newest_us"] is not None:
                 newest_us = max(newest_us or p["newest_us"], p["newest_us"])

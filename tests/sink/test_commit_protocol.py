@@ -87,7 +87,7 @@ def test_crash_after_precommit_is_resumed_with_the_same_files(
     assert snapshots_of(rest_catalog, table, sink_id) == [1]
     state = log.state(sink_id)
     assert state is not None and state.phase is Phase.COMMITTED
-    assert second.committed_offsets() == {"t": {0: 2}}
+    assert (plan := second.committed()) is not None and plan.offsets == {"t": {0: 2}}
 
 
 def test_lost_acknowledgement_is_not_committed_twice(
@@ -191,7 +191,7 @@ def test_empty_batch_moves_offsets_without_a_snapshot(
     sink_id = unique_name("sink")
     c = committer(log, rest_catalog, sink_id, "a")
     c.commit(PendingCommit(table=".".join(table.name()), offsets={"t": {0: 5}}, snapshot_id=None))
-    assert c.committed_offsets() == {"t": {0: 5}}
+    assert (plan := c.committed()) is not None and plan.offsets == {"t": {0: 5}}
     assert rest_catalog.load_table(".".join(table.name())).metadata.snapshots == []
 
 

@@ -32,6 +32,7 @@ def test_defaults() -> None:
     assert config.write.table_properties() == {}
     assert config.dead_letter_topic == "orders.dlq"
     assert config.commit.min_size is None and config.commit.max_period is None
+    assert config.kafka.isolation_level == "read_committed"
 
 
 @pytest.mark.parametrize(
@@ -57,6 +58,10 @@ def test_defaults() -> None:
             r"write.compression \(snappy\) and table.properties write.parquet.compression-codec \(gzip\) disagree",
         ),
         (with_(sink_id="has space"), "sink_id"),
+        (
+            with_(kafka={"bootstrap_servers": "k", "topics": ["t"], "options": {"isolation.level": "x"}}),
+            "kafka.options: .*set kafka.isolation_level instead",
+        ),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
