@@ -3,8 +3,8 @@
 Dead letters are produced inside Spark tasks (librdkafka, one producer per task), so a batch full of
 bad records never passes through the driver. Each one is made to fit what Kafka accepts: the size
 limit is the smaller of the topic's ``max.message.bytes`` (asked of the cluster for every batch that
-has dead letters) and the producer's ``message.max.bytes``; a record over it keeps its headers and
-as much of its key and value as fits, and says so (``icesink.truncated``, ``icesink.key.size``,
+has dead letters) and the producer's ``message.max.bytes``; a record over it keeps its headers (the
+reason cut to ``MAX_ERROR_BYTES``) and as much of its key and value as fits, and says so (``icesink.truncated``, ``icesink.key.size``,
 ``icesink.value.size``: the original sizes). A record-level refusal is the record's problem, never the
 batch's: such a dead letter is sent again without its value, and when even that is refused its
 source coordinates are logged and counted (``icesink.dead_letters.failed``), and the batch commits.
@@ -39,6 +39,11 @@ CLIENT_DEFAULT_MAX_BYTES = 1_000_000
 FRAMING_BYTES = 1024
 # librdkafka refuses a message.max.bytes below this.
 MIN_MAX_BYTES = 1000
+# The reason may quote the offending value in full (a value that does not fit its column, say); it is
+# cut to this, so that the headers of a dead letter never outgrow the topic's limit themselves. The
+# value is in the record anyway.
+MAX_ERROR_BYTES = 1024
+ERROR_HEADER = "icesink.error"
 # Errors that concern one record (its size or shape), not the topic or the cluster.
 _RECORD_ERRORS = frozenset(
     {
@@ -110,14 +115,27 @@ def _header(name: str, value: object) -> Header:
     return name, str(value).encode()
 
 
+def cut_error(error: bytes) -> bytes:
+    """``error`` if it is within ``MAX_ERROR_BYTES``, else its start and a note that it was cut."""
+    if len(error) <= MAX_ERROR_BYTES:
+        return error
+    note = f"... (cut from {len(error)} bytes)".encode()
+    # Whole characters only: the header stays valid UTF-8.
+    return error[: MAX_ERROR_BYTES - len(note)].decode(errors="ignore").encode() + note
+
+
 def fit(
     key: bytes | None, value: bytes | None, headers: list[Header], max_bytes: int
 ) -> tuple[bytes | None, bytes | None, list[Header]]:
     """Key, value and headers of a dead letter that fits in ``max_bytes``.
 
-    The headers always fit whole (the reason and the coordinates are what a dead letter is for);
-    the key keeps what fits of the rest, then the value. A cut record says what it was.
+    The headers always fit (the reason and the coordinates are what a dead letter is for): they are
+    kept whole but for the reason, which is cut to ``MAX_ERROR_BYTES``; the key keeps what fits of the
+    rest, then the value. A cut record says what it was.
     """
+    headers = [
+        (k, cut_error(v)) if k == ERROR_HEADER and isinstance(v, bytes) else (k, v) for k, v in headers
+    ]
     key_size, value_size = len(key or b""), len(value or b"")
     marks = [
         _header("icesink.truncated", "true"),
@@ -186,15 +204,15 @@ class _Task:
 
 def send_partition(spec: DeadLetterSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: one task's dead letters → one row of counts (and the failed coordinates)."""
-    task = _Task(spec)
     rows = [row for batch in batches for row in batch.to_pylist()]
     if not rows:
         return
+    task = _Task(spec)
     outcome = Sent()
     letters = []
     for i, row in enumerate(rows):
         headers = [
-            _header("icesink.error", row["error"]),
+            _header(ERROR_HEADER, row["error"]),
             _header("icesink.source.topic", row["topic"]),
             _header("icesink.source.partition", row["partition"]),
             _header("icesink.source.offset", row["offset"]),

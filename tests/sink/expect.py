@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from typing import Any
 
+from confluent_kafka import Consumer, Message
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 from sqlalchemy import create_engine, delete, update
@@ -87,3 +89,22 @@ def send_txnlog_back(dsn: str, schema: str, sink_id: str, to: SinkState | None) 
             )
     finally:
         engine.dispose()
+
+
+def topic_records(bootstrap: str, topic: str, expected: int) -> list[Message]:
+    """Every record of ``topic``: at least ``expected`` are awaited, then a further poll collects any
+    beyond them, so a duplicate or an extra record shows in the count."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    messages: list[Message] = []
+    try:
+        for _ in range(30):
+            messages += [m for m in consumer.consume(100, timeout=1) if m.error() is None]
+            if len(messages) >= expected:
+                messages += [m for m in consumer.consume(100, timeout=2) if m.error() is None]
+                break
+    finally:
+        consumer.close()
+    return messages

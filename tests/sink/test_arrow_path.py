@@ -15,8 +15,7 @@ from confluent_kafka import Producer
 
 from service.sample import table_columns
 from tests.sink.conftest import Sink
-from tests.sink.expect import appended_rows, assert_rows
-from tests.sink.test_decoding import _dead_letters
+from tests.sink.expect import appended_rows, assert_rows, topic_records
 
 ARROW_COMMIT = "arrow decoder"
 SPARK_COMMIT = "spark decoder"
@@ -74,7 +73,7 @@ def test_a_bad_record_sends_its_batch_to_the_spark_path(make_sink: Any, spark: A
     log = run.log()
     assert "declined by the Arrow decoder (column version" in log, log[-3000:]
     assert SPARK_COMMIT in log
-    letters = _dead_letters(stack.kafka_bootstrap, f"{sink.name}.dlq", 1)
+    letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", 1)
     assert len(letters) == 1
     headers = {k: v.decode() for k, v in letters[0].headers() or []}
     assert headers["icesink.source.offset"] == "1" and "column version" in headers["icesink.error"]

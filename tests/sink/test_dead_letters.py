@@ -9,8 +9,7 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.sink.conftest import Sink
-from tests.sink.expect import assert_rows
-from tests.sink.test_decoding import _dead_letters
+from tests.sink.expect import assert_rows, topic_records
 
 TOPIC_LIMIT = 20_000
 
@@ -49,7 +48,7 @@ def test_a_dead_letter_larger_than_the_topic_accepts_is_truncated(make_sink: Any
     sink.produce(10)
     run = sink.run_until_caught_up()
 
-    letters = _dead_letters(sink.bootstrap, dlq, 1)
+    letters = topic_records(sink.bootstrap, dlq, 1)
     assert len(letters) == 1, [m.headers() for m in letters]
     letter = letters[0]
     headers = {k: v.decode() for k, v in letter.headers() or []}

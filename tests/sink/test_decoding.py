@@ -9,10 +9,9 @@ from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Any
 
-from confluent_kafka import Consumer
-
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
+from tests.sink.expect import topic_records
 
 FIELDS = [
     {"field": "id", "type": "int64", "optional": False},
@@ -113,24 +112,7 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _dead_letters(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    messages: list[Any] = []
-    try:
-        for _ in range(30):
-            messages += [m for m in consumer.consume(100, timeout=1) if m.error() is None]
-            if len(messages) >= expected:
-                consumer.consume(100, timeout=2)  # anything beyond the expected count would show up here
-                break
-    finally:
-        consumer.close()
-    return messages
-
-
-def test_types_and_dead_letters(make_sink: Any, spark: Any, stack: Any) -> None:
+def test_types_andtopic_records(make_sink: Any, spark: Any, stack: Any) -> None:
     sink: Sink = make_sink(partitions=1, source={"max_record_bytes": 4096})
     good2 = {**WIRE, "id": 2, "s": None, "raw": None, "amount": None, "tz": None, "u": None}
     records: list[tuple[str | None, str | None]] = [
@@ -153,7 +135,7 @@ def test_types_and_dead_letters(make_sink: Any, spark: Any, stack: Any) -> None:
         got = sorted((_normalise(r) for r in rows), key=lambda r: r["id"])
         assert got == expected, f"{reader} read {got}"
 
-    letters = _dead_letters(stack.kafka_bootstrap, f"{sink.name}.dlq", 5)
+    letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", 5)
     reasons = {}
     for m in letters:
         headers = {k: v.decode() for k, v in m.headers() or []}

@@ -18,7 +18,8 @@ from service.data import arrow_decode
 from service.data.columns import column_from_config
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, SinkRun
-from tests.sink.test_decoding import _dead_letters, _unscaled
+from tests.sink.expect import topic_records
+from tests.sink.test_decoding import _unscaled
 
 
 def _envelope(schema: dict[str, Any], op: str, after: Any, before: Any = None) -> str:
@@ -52,7 +53,7 @@ def _one_commit(run: SinkRun, records: int, dead_letters: int) -> str:
 
 def _reasons(sink: Sink, bootstrap: str, expected: int) -> dict[int, str]:
     """Dead letters of the sink by source offset → their reason."""
-    letters = _dead_letters(bootstrap, f"{sink.name}.dlq", expected)
+    letters = topic_records(bootstrap, f"{sink.name}.dlq", expected)
     reasons = {}
     for m in letters:
         headers = {k: v.decode() for k, v in m.headers() or []}

@@ -7,31 +7,11 @@ event gone. A sink that lags behind compaction sees nothing else of the delete.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
-
-from confluent_kafka import Consumer
 
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, change
-
-
-def _records(bootstrap: str, topic: str, expected: int) -> list[Any]:
-    """Every record of ``topic`` (at least ``expected`` of them are awaited)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    messages: list[Any] = []
-    try:
-        for _ in range(30):
-            messages += [m for m in consumer.consume(100, timeout=1) if m.error() is None]
-            if len(messages) >= expected:
-                messages += [m for m in consumer.consume(100, timeout=2) if m.error() is None]
-                break
-    finally:
-        consumer.close()
-    return messages
+from tests.sink.expect import topic_records
 
 
 def _names(spark: Any, table: str) -> dict[str, dict[int, str]]:
@@ -56,7 +36,7 @@ def test_tombstone_deletes_the_key(make_sink: Any, spark: Any) -> None:
             (json.dumps({"other": 2}), None),
         ]
     )
-    records = _records(sink.bootstrap, sink.topic, 5)
+    records = topic_records(sink.bootstrap, sink.topic, 5)
     events = [json.loads(m.value())["payload"] for m in records if m.value() is not None]
     assert len(records) == 5 and [e["op"] for e in events] == ["u", "u"]  # the topic holds no `d` event
 
@@ -64,7 +44,7 @@ def test_tombstone_deletes_the_key(make_sink: Any, spark: Any) -> None:
 
     assert _names(spark, sink.table) == {"spark": {2: "two"}, "duckdb": {2: "two"}}
     assert ", 3 records (d=1), 2 dead letters" in run.log(), run.log()[-3000:]
-    letters = _records(sink.bootstrap, f"{sink.name}.dlq", 2)
+    letters = topic_records(sink.bootstrap, f"{sink.name}.dlq", 2)
     assert all(m.value() is None for m in letters)
     headers = [{k: v.decode() for k, v in m.headers() or []} for m in letters]
     assert sorted((h["icesink.source.offset"], h["icesink.error"]) for h in headers) == [

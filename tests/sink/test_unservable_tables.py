@@ -27,8 +27,7 @@ from service.orphans import data_location, list_files
 from service.sample import table_columns
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
-from tests.sink.expect import assert_rows
-from tests.sink.test_decoding import _dead_letters
+from tests.sink.expect import assert_rows, topic_records
 from txnlog import Action, Phase, TransactionLog
 
 
@@ -91,7 +90,7 @@ def test_fixed_column_is_written_and_wrong_lengths_dead_lettered(
             ({**r, "h": None if r["h"] is None else bytes(r["h"])} for r in rows), key=lambda r: r["id"]
         )
         assert got == expected, f"{reader} read {got}"
-    letters = _dead_letters(stack.kafka_bootstrap, f"{sink.name}.dlq", 2)
+    letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", 2)
     headers = [{k: v.decode() for k, v in m.headers() or []} for m in letters]
     reasons = {int(h["icesink.source.offset"]): h["icesink.error"] for h in headers}
     assert sorted(reasons) == [2, 3], reasons
