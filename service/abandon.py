@@ -7,7 +7,8 @@ with too short a cut-off) the plan can never be committed: start-up stops with e
 
 Abandoning is the log's ``abort`` under a claim of its own, so a replica still running is fenced
 first. A plan whose snapshot is in the table is never abandoned: it landed, and starting the sink marks
-it committed; dropping it would write its records twice. The txnlog's history keeps the claim and the
+it committed; dropping it would write its records twice. Nor is a plan none of whose files is missing
+(it can still be committed: starting the sink does it) unless ``force`` is given. The txnlog's history keeps the claim and the
 abort (with the dropped plan), both with this command as their owner.
 
 What becomes of the batch's records: the sink resumes from the committed offsets, so they are read
@@ -17,33 +18,33 @@ partition that was never committed is read from its earliest offset.
 
 from __future__ import annotations
 
-import getpass
-import socket
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from service.channel.committer import find_commit
+from service.channel.committer import find_commit, missing_files
 from service.channel.pending import Offsets, PendingCommit
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
+from service.operator import command_owner
 from txnlog import Phase, SinkState, TransactionLog
 
 
 @dataclass(frozen=True)
 class AbandonOutcome:
     report: str
-    refused: bool = False  # a plan is pending but was not abandoned (it landed)
+    refused: bool = False  # a plan is pending but was not abandoned (it landed, or none of its files is gone)
 
 
 def owner() -> str:
     """Who abandons: recorded as the owner of the claim and the abort in the txnlog's history."""
-    return f"icesink txnlog abandon ({getpass.getuser()}@{socket.gethostname()})"
+    return command_owner("abandon")
 
 
-def abandon(config: SinkConfig) -> AbandonOutcome:
-    """Abandon the sink's pending plan, unless it landed; the report says what becomes of its records."""
+def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
+    """Abandon the sink's pending plan, unless it landed or (without ``force``) none of its files is
+    missing; the report says what becomes of its records."""
     sink_id = config.sink_id
     log = TransactionLog(
         config.txnlog.dsn, schema=config.txnlog.schema_name, lock_timeout=config.txnlog.lock_timeout
@@ -55,6 +56,14 @@ def abandon(config: SinkConfig) -> AbandonOutcome:
         catalog = open_catalog(config)
         if (landed := _landed(catalog, sink_id, state)) is not None:
             return AbandonOutcome(landed, refused=True)
+        whole = PendingCommit.from_payload(state.pending)
+        if not force and whole.has_files and not _missing_files(catalog, whole):
+            return AbandonOutcome(
+                f"sink {sink_id}: every file of the pending plan seq {state.seq} exists; it can still be "
+                "committed (start the sink: its recovery commits it) and is not abandoned. Give --force to "
+                "drop it anyway (its records are then read from Kafka again and written anew).",
+                refused=True,
+            )
         lease = log.claim(sink_id, owner())  # fences a replica still running
         state = lease.state
         if state.phase is not Phase.PRECOMMIT or state.pending is None:
@@ -93,10 +102,9 @@ def _missing_files(catalog: Catalog, pending: PendingCommit) -> list[str]:
     if not pending.has_files:
         return []
     try:
-        io = catalog.load_table(pending.table).io
+        return missing_files(catalog.load_table(pending.table).io, pending)
     except NoSuchTableError:
         return pending.file_paths()
-    return [path for path in pending.file_paths() if not io.new_input(path).exists()]
 
 
 def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missing: list[str]) -> str:

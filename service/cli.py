@@ -118,7 +118,7 @@ def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
 def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.abandon import abandon
 
-    outcome = abandon(config)
+    outcome = abandon(config, force=args.force)
     print(outcome.report)
     return EXIT_FAILED if outcome.refused else EXIT_OK
 
@@ -192,10 +192,14 @@ def parser() -> argparse.ArgumentParser:
         "record the table's last commit of the sink (seq, snapshot id, offsets) as the log's committed "
         "plan, so the sink resumes from the offsets the table covers; prints what was recorded (JSON)",
     )
-    txnlog.add_parser(
+    abandon = txnlog.add_parser(
         "abandon",
         help="drop a pending plan that can never be committed (its files are gone): the sink then reads "
-        "the batch's records from Kafka again from the committed offsets; refused if the plan landed",
+        "the batch's records from Kafka again from the committed offsets; refused if the plan landed, "
+        "and (exit 1) if none of its files is missing unless --force",
+    )
+    abandon.add_argument(
+        "--force", action="store_true", help="drop the plan even though none of its files is missing"
     )
     offsets = sub.add_parser("offsets", help="move the sink's committed Kafka offsets").add_subparsers(
         dest="offsets_command", required=True

@@ -11,14 +11,13 @@ payload says ``operation: reseed`` with the row as it was before.
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 from service.channel.marks import latest_mark
 from service.channel.pending import PendingCommit, offsets_to_json
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
+from service.operator import command_owner
 from txnlog import TransactionLog
 
 
@@ -58,7 +57,7 @@ def reseed(config: SinkConfig) -> dict[str, Any]:
             if before is not None
             else {"row": "absent"}
         )
-        lease = log.claim(config.sink_id, f"icesink txnlog reseed@{socket.gethostname()}:{os.getpid()}")
+        lease = log.claim(config.sink_id, command_owner("reseed"))
         plan = PendingCommit(table=identifier, offsets=mark.offsets, snapshot_id=mark.snapshot_id)
         # reseed itself refuses a seq that is not ahead, should a replica have committed meanwhile.
         log.reseed(

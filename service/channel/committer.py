@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from service.channel.marks import commit_properties, latest_mark, property_key, property_mark
@@ -265,6 +266,11 @@ _SAYS = {
 }
 
 
+def missing_files(io: FileIO, pending: PendingCommit) -> list[str]:
+    """The files of ``pending`` that do not exist (any more)."""
+    return [path for path in pending.file_paths() if not io.new_input(path).exists()]
+
+
 def check_files_exist(table: Table, pending: PendingCommit, sink_id: str, seq: int) -> None:
     """Raise :class:`PlanUncommittable` when files of a plan that did not land are gone.
 
@@ -272,8 +278,7 @@ def check_files_exist(table: Table, pending: PendingCommit, sink_id: str, seq: i
     then point at files that do not exist, and every reader of it would fail.
     """
     paths = pending.file_paths()
-    missing = [path for path in paths if not table.io.new_input(path).exists()]
-    if missing:
+    if missing := missing_files(table.io, pending):
         raise PlanUncommittable(
             f"sink {sink_id}: the pending plan seq {seq} (snapshot {pending.snapshot_id}) can never be "
             f"committed to {pending.table}: {len(missing)} of its {len(paths)} files are gone (first: "
