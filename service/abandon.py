@@ -28,7 +28,8 @@ from service.channel.pending import Offsets, PendingCommit
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.operator import command_owner
-from txnlog import Phase, SinkState, TransactionLog
+from service.txnlog_client import open_txnlog
+from txnlog import Phase, SinkState
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,7 @@ def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
     """Abandon the sink's pending plan, unless it landed or (without ``force``) none of its files is
     missing; the report says what becomes of its records."""
     sink_id = config.sink_id
-    log = TransactionLog(
-        config.txnlog.dsn, schema=config.txnlog.schema_name, lock_timeout=config.txnlog.lock_timeout
-    )
+    log = open_txnlog(config, "abandon")
     try:
         state = log.state(sink_id)
         if state is None or state.pending is None:

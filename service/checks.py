@@ -17,9 +17,9 @@ def _kafka(config: SinkConfig) -> str:
 
 
 def _txnlog(config: SinkConfig) -> str:
-    from txnlog import TransactionLog
+    from service.txnlog_client import open_txnlog
 
-    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = open_txnlog(config, "check")
     try:
         version = log.ensure_schema()
         state = log.state(config.sink_id)

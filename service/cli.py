@@ -52,9 +52,9 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
 
 def _status(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.channel.pending import PendingCommit
-    from txnlog import TransactionLog
+    from service.txnlog_client import open_txnlog
 
-    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = open_txnlog(config, "status")
     state = log.state(config.sink_id)
     if state is None:
         print(

@@ -82,8 +82,9 @@ from service.source import (
     starting_offsets,
     topic_ids,
 )
+from service.txnlog_client import open_txnlog
 from service.units import parse_duration
-from txnlog import Fenced, Lease, LockTimeout, TransactionLog
+from txnlog import Fenced, Lease, LockTimeout
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -247,13 +248,7 @@ class SinkJob:
         self.config = config
         self.health = health or Health()
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-        self.log = TransactionLog(
-            config.txnlog.dsn,
-            schema=config.txnlog.schema_name,
-            lock_timeout=config.txnlog.lock_timeout,
-            idle_in_transaction_timeout=config.txnlog.session_timeout,
-            application_name=f"icesink:{config.sink_id}",
-        )
+        self.log = open_txnlog(config, "run")
         self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
         self.catalog = catalog_retries(config, "connecting to the catalog", lambda: open_catalog(config))
         bound_catalog_requests(
@@ -392,19 +387,22 @@ class SinkJob:
         Each try waits up to ``txnlog.lock_timeout``; a hung predecessor's session is ended by Postgres
         after ``txnlog.session_timeout``, so a few tries are enough.
         """
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.log.claim(self.config.sink_id, self.owner)
-            except LockTimeout:
-                if attempt == attempts:
-                    raise
-                logger.warning(
-                    "sink %s: another replica holds the txnlog row (committing); waiting (%d/%d)",
-                    self.config.sink_id,
-                    attempt,
-                    attempts,
-                )
-        raise AssertionError("unreachable")
+        sink_id = self.config.sink_id
+
+        def waiting(attempt: int, _: BaseException) -> None:
+            logger.warning(
+                "sink %s: another replica holds the txnlog row (committing); waiting (%d/%d)",
+                sink_id,
+                attempt,
+                attempts,
+            )
+
+        return retry_call(
+            lambda: self.log.claim(sink_id, self.owner),
+            Backoff(attempts=attempts, initial_s=0.1, max_s=1.0),
+            retry_on=lambda exc: isinstance(exc, LockTimeout),
+            on_failure=waiting,
+        )
 
     @property
     def upsert(self) -> bool:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 from service.channel.pending import Offsets, PendingCommit
 from service.config import KafkaConfig, SinkConfig
 from service.source import SourceError, admin, consumer, partitions, topic_ids, watermarks
-from txnlog import Phase, SinkState, TransactionLog
+from service.txnlog_client import open_txnlog
+from txnlog import Phase, SinkState
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def check_committed(
 
 def describe(config: SinkConfig) -> str:
     """``icesink check``'s line: where the sink would resume, or why it would not start."""
-    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = open_txnlog(config, "offsets")
     try:
         state = log.state(config.sink_id)
     finally:
@@ -199,7 +200,7 @@ def reset(
         raise ResetRefused(f"topic {topic} is not one of kafka.topics {sorted(parts)}")
     if partition is not None and (topic is None or partition not in parts[topic]):
         raise ResetRefused(f"topic {topic} has no partition {partition} (it has {parts.get(topic or '')})")
-    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = open_txnlog(config, "offsets")
     try:
         _refuse_unless_resettable(config, log.state(config.sink_id))
         lease = log.claim(config.sink_id, f"icesink offsets reset@{socket.gethostname()}:{os.getpid()}")

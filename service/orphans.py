@@ -35,6 +35,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from service.config import SinkConfig
+from service.txnlog_client import open_txnlog
 from txnlog import TransactionLog
 
 logger = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def find_orphans(
 
     listed = list_files(table.io, location)  # 1. the files
     own_log = log is None
-    log = log or TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = log or open_txnlog(config, "orphans")
     try:
         in_plans = {_normalise(p) for p in plan_files(log, identifier)}  # 2. the plans
     finally:

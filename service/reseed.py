@@ -18,7 +18,7 @@ from service.channel.pending import PendingCommit, offsets_to_json
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.operator import command_owner
-from txnlog import TransactionLog
+from service.txnlog_client import open_txnlog
 
 
 class NothingToReseed(RuntimeError):
@@ -37,7 +37,7 @@ def reseed(config: SinkConfig) -> dict[str, Any]:
             f"sink {config.sink_id}'s last commit in {identifier} (seq {mark.seq}, per {mark.source}) "
             "records no offsets to resume from"
         )
-    log = TransactionLog(config.txnlog.dsn, schema=config.txnlog.schema_name)
+    log = open_txnlog(config, "reseed")
     try:
         before = log.state(config.sink_id)
         if before is not None and before.seq >= mark.seq:

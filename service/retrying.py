@@ -2,8 +2,9 @@
 error answers mean.
 
 Every retry of the service goes through :func:`retry_call` (bounded exponential backoff with jitter,
-with tenacity): the catalog calls at start-up, a batch's file writing, and the commit loop. The txnlog
-has its own (``txnlog/retry.py``), as it knows nothing of the service.
+with tenacity): the claim at start-up, the catalog calls at start-up, a batch's file writing, the
+commit loop and its re-locking of the txnlog row. The txnlog library has its own
+(``txnlog/retry.py``), as it knows nothing of the service.
 
 The catalog's answers are sorted here, once, by :func:`catalog_answer`:
 

@@ -140,33 +140,36 @@ class Committer:
         if not pending.has_files:
             self.log.commit(self.lease, seq=seq)
             return CommitResult(seq, None, 0)
-        relocks = 0
-        while True:
-            try:
-                with self.log.committing(self.lease, seq=seq) as handle:
-                    attempts = self._commit_to_iceberg(
-                        pending, seq, keep_lock=handle.heartbeat, resumed=resumed
-                    )
-                    failpoint("after_catalog_commit")
-                break
-            except LockLost as exc:
-                # The locked session is gone: reaped while this process was frozen or the catalog
-                # slow, or Postgres restarted. A replica that claimed meanwhile fences us (exit 3,
-                # counted); if we are still the live epoch, lock again (which re-checks the epoch)
-                # and look for the snapshot before any further attempt.
-                state = self.log.state(self.sink_id)
-                if state is not None and state.epoch != self.lease.epoch:
-                    raise Fenced(self.sink_id, self.lease.epoch, state.epoch, state.owner) from exc
-                relocks += 1
-                if relocks > self.MAX_RELOCKS:
-                    raise
+
+        def commit_locked() -> int:
+            with self.log.committing(self.lease, seq=seq) as handle:
+                attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat, resumed=resumed)
+                failpoint("after_catalog_commit")
+            return attempts
+
+        def lock_lost(attempt: int, exc: BaseException) -> None:
+            # The locked session is gone: reaped while this process was frozen or the catalog slow,
+            # or Postgres restarted. A replica that claimed meanwhile fences us (exit 3, counted); if
+            # we are still the live epoch, lock again (which re-checks the epoch) and look for the
+            # snapshot before any further attempt.
+            state = self.log.state(self.sink_id)
+            if state is not None and state.epoch != self.lease.epoch:
+                raise Fenced(self.sink_id, self.lease.epoch, state.epoch, state.owner) from exc
+            if attempt <= self.MAX_RELOCKS:
                 logger.warning(
                     "commit of seq %d: %s; still the live epoch: locking the sink row again (%d/%d)",
                     seq,
                     exc,
-                    relocks,
+                    attempt,
                     self.MAX_RELOCKS,
                 )
+
+        attempts = retry_call(
+            commit_locked,
+            Backoff(attempts=self.MAX_RELOCKS + 1, initial_s=0.0, max_s=0.0),
+            retry_on=lambda exc: isinstance(exc, LockLost),
+            on_failure=lock_lost,
+        )
         failpoint("after_log_commit")
         return CommitResult(seq, pending.snapshot_id, attempts)
 
