@@ -44,6 +44,7 @@ from service.data.columns import (
     column_from_config,
     columns_for_table,
     columns_from_envelope_schema,
+    with_encodings,
 )
 from service.data.debezium import (
     ERROR_COLUMN,
@@ -280,7 +281,7 @@ class SinkJob:
         self.columns = columns_for_table(self.table.schema(), self.encodings)
         # Events with schema sections are watched for schema changes; configured columns are fixed.
         self.track_schemas = not self.config.table.columns
-        self.known_schemas: set[str] = set()
+        self.known_schemas: dict[str, dict[str, Encoding]] = {}  # schema text → its columns' encodings
         self.rejected_schemas: dict[str, str] = {}
         self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
         self.arrow_decoder = self._arrow_decoder_usable()
@@ -362,9 +363,9 @@ class SinkJob:
     def _check_schema_sections(self, table: Table, texts: set[str]) -> str | None:
         """Why the Arrow path can't take events with these schema sections, or None.
 
-        A section is taken when the table needs no change for it and it encodes every column as the
-        sink decodes it now; anything else (a new column, a widening, another encoding, an
-        incompatible change) is for Spark's path, whose schema step evolves the table or refuses.
+        A section is taken when the table needs no change for it (the tasks decoded each event with
+        its own section's encodings); anything else (a new column, a widening, an incompatible
+        change) is for Spark's path, whose schema step evolves the table or refuses.
         """
         policy = EvolutionPolicy(self.config.table.schema_evolution)
         for text in texts - self.arrow_schemas:
@@ -376,8 +377,6 @@ class SinkJob:
                 return "an event schema that does not fit the table"
             if evolution.changes:
                 return f"an event schema that evolves the table ({evolution.describe()})"
-            if any(self.encodings.get(c.name) != c.encoding for c in columns):
-                return "an event schema that encodes a column differently"
             self.arrow_schemas.add(text)
         return None
 
@@ -689,8 +688,7 @@ class SinkJob:
         )
 
     def _evolve_and_write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
-        self._evolve(records)
-        return self._write(records, offsets)
+        return self._write(records, offsets, self._evolve(records))
 
     def _write_arrow(self, records: DataFrame) -> arrow_batch.ArrowBatch:
         table = self.catalog.load_table(self.config.table.identifier)
@@ -737,17 +735,33 @@ class SinkJob:
             },
         )
 
-    def _evolve(self, records: DataFrame) -> None:
-        """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution)."""
+    def _evolve(self, records: DataFrame) -> dict[str, list[Column]]:
+        """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution).
+
+        Returns the columns to decode each of the batch's schema versions with, for the versions that
+        encode a column unlike the sink's current columns: a source column changed from DATETIME(3)
+        to DATETIME(6) comes in milliseconds, then in microseconds, and a batch can hold both. The
+        current encodings are those of the batch's newest version (by Kafka timestamp), which the
+        next batches most likely carry.
+        """
         if not self.track_schemas:
-            return
-        texts = [r[0] for r in records.select(schema_text(F.col("value"))).distinct().collect() if r[0]]
-        new = [t for t in texts if t not in self.known_schemas and t not in self.rejected_schemas]
-        if not new:
-            return
+            return {}
+        section = schema_text(F.col("value")).alias("section")
+        newest_first = [
+            r["section"]
+            for r in records.select(section, "timestamp")
+            .where(F.col("section").isNotNull())
+            .groupBy("section")
+            .agg(F.max("timestamp").alias("newest"))
+            .orderBy(F.col("newest").desc())
+            .collect()
+        ]
+        new = [t for t in newest_first if t not in self.known_schemas and t not in self.rejected_schemas]
         cfg = self.config.table
-        table = self.catalog.load_table(cfg.identifier)
-        for text in new:
+        before = dict(self.encodings)
+        table: Table | None = None  # loaded only when something changes
+        for text in reversed(new):  # oldest first
+            table = table or self.catalog.load_table(cfg.identifier)
             try:
                 columns = columns_from_envelope_schema(json.loads(text))
                 evolution = plan(table.schema(), columns)
@@ -759,18 +773,31 @@ class SinkJob:
                 self.rejected_schemas[text] = str(exc)
                 continue
             table = apply(table, evolution)
-            self.encodings.update({c.name: c.encoding for c in columns})
-            self.known_schemas.add(text)
-        self.columns = columns_for_table(table.schema(), self.encodings)
-        self.arrow_schemas.clear()  # checked against the old table and encodings: check them again
+            self.known_schemas[text] = {c.name: c.encoding for c in columns}
+            self.encodings.update(self.known_schemas[text])
+        latest = next((t for t in newest_first if t in self.known_schemas), None)
+        if latest is not None:
+            self.encodings.update(self.known_schemas[latest])
+        if new or self.encodings != before:
+            table = table or self.catalog.load_table(cfg.identifier)
+            self.columns = columns_for_table(table.schema(), self.encodings)
+            self.arrow_schemas.clear()  # checked against the old table and encodings: check them again
+        versions = {
+            t: with_encodings(self.columns, self.known_schemas[t])
+            for t in newest_first
+            if t in self.known_schemas
+        }
+        return {t: columns for t, columns in versions.items() if columns != self.columns}
 
-    def _write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
+    def _write(
+        self, records: DataFrame, offsets: Offsets, versions: dict[str, list[Column]]
+    ) -> tuple[PendingCommit, BatchOutcome]:
         cfg = self.config
         columns = [F.col(f"`{c.name}`") for c in self.columns]
         # Only what counting and writing need is cached: the raw key and value (most of the bytes)
         # stay in the persisted records, from which the rare dead-letter write decodes again.
         changes = (
-            self._decode(records)
+            self._decode(records, versions)
             .select(*columns, F.col(OP_COLUMN), *SOURCE_COLUMNS, *KAFKA_POSITION, F.col(ERROR_COLUMN))
             .persist()
         )
@@ -801,13 +828,14 @@ class SinkJob:
             # Last, so that a batch retried because its files could not be written (catalog or object
             # store down) does not send its dead letters twice.
             if outcome.dead_letters:
-                self._dead_letter(self._decode(records).where(F.col(ERROR_COLUMN).isNotNull()))
+                self._dead_letter(self._decode(records, versions).where(F.col(ERROR_COLUMN).isNotNull()))
         finally:
             changes.unpersist()
         return self._pending(files, offsets, outcome), outcome
 
-    def _decode(self, records: DataFrame) -> DataFrame:
-        """Spark's decoder; tombstones are deletes in upsert mode and ignored in append mode."""
+    def _decode(self, records: DataFrame, versions: dict[str, list[Column]]) -> DataFrame:
+        """Spark's decoder; tombstones are deletes in upsert mode and ignored in append mode;
+        ``versions``: see :meth:`_evolve`."""
         cfg = self.config
         return decode(
             records,
@@ -816,6 +844,7 @@ class SinkJob:
             cfg.source.max_record_bytes,
             self.rejected_schemas,
             tombstones=self.upsert,
+            versions=versions,
         )
 
     def _dead_letter(self, bad: DataFrame) -> None:

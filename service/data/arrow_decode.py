@@ -49,7 +49,7 @@ from pyiceberg.types import (
 )
 from pyspark.sql.pandas.types import to_arrow_type
 
-from service.data.columns import Column, Encoding
+from service.data.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 from service.data.debezium import (
     CHANGE_ORDER,
     KAFKA_POSITION,
@@ -326,33 +326,81 @@ _SCHEMA_PREFIX = re.compile(rb'\{\s*"schema"\s*:')
 _PAYLOAD_SEPARATOR = re.compile(rb',\s*"payload"\s*:')
 
 
-def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str]]:
+def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str | None]]:
     """Kafka Connect's JSON converter writes ``{"schema":{...},"payload":{...}}``, schema first.
-    Returns the values without their schema section and the distinct sections as normalised JSON
-    text. The cut is at the first ``,"payload":`` (whitespace allowed), which can't be inside a JSON
-    string (its quotes would be escaped); if it is a key inside the section, what precedes it is not
-    valid JSON on its own, and the batch is declined. A section and a remainder that both parse make
-    the whole event valid JSON.
+    Returns the values without their schema section and each value's section as normalised JSON text
+    (None for a value without one). The cut is at the first ``,"payload":`` (whitespace allowed),
+    which can't be inside a JSON string (its quotes would be escaped); if it is a key inside the
+    section, what precedes it is not valid JSON on its own, and the batch is declined. A section and a
+    remainder that both parse make the whole event valid JSON.
     """
     stripped: list[bytes] = []
-    sections: set[bytes] = set()
+    raw_sections: list[bytes | None] = []
     for value in values:
         prefix = _SCHEMA_PREFIX.match(value)
         if prefix is None:
             stripped.append(value)
+            raw_sections.append(None)
             continue
         cut = _PAYLOAD_SEPARATOR.search(value, prefix.end())
         if cut is None:
             raise Declined("an event with a schema section but no payload after it")
-        sections.add(value[prefix.end() : cut.start()])
+        raw_sections.append(value[prefix.end() : cut.start()])
         stripped.append(b"{" + value[cut.start() + 1 :])
-    texts = []
-    for section in sections:
+    texts: dict[bytes, str] = {}
+    for section in {s for s in raw_sections if s is not None}:
         try:
-            texts.append(json.dumps(json.loads(section), sort_keys=True, separators=(",", ":")))
+            texts[section] = json.dumps(json.loads(section), sort_keys=True, separators=(",", ":"))
         except ValueError:
             raise Declined("a schema section the Arrow decoder can't cut out of its event") from None
-    return stripped, sorted(texts)
+    return stripped, [None if s is None else texts[s] for s in raw_sections]
+
+
+def _section_columns(columns: list[Column], section: str) -> list[Column]:
+    """``columns`` encoded as the schema section says (one schema version may send a column in
+    milliseconds, the next in microseconds). A section that maps to no columns leaves them as they
+    are: the caller's check of the sections declines such a batch."""
+    try:
+        encodings = {c.name: c.encoding for c in columns_from_envelope_schema(json.loads(section))}
+    except (SchemaError, AttributeError, TypeError):  # not a Kafka Connect schema (or not an object)
+        return columns
+    return with_encodings(columns, encodings)
+
+
+def _decode_by_version(
+    values: Sequence[bytes],
+    keys: Sequence[bytes | None],
+    kafka: pa.Table,
+    versions: list[list[Column]],
+    key: list[str],
+) -> Decoded:
+    """Each record decoded with its own schema version's columns (``versions``, one per record): the
+    records of each distinct encoding decoded together, their rows put back in record order."""
+    groups: dict[tuple[Encoding, ...], list[int]] = {}
+    columns_of: dict[tuple[Encoding, ...], list[Column]] = {}
+    for i, columns in enumerate(versions):
+        encodings = tuple(c.encoding for c in columns)
+        groups.setdefault(encodings, []).append(i)
+        columns_of[encodings] = columns
+    parts: list[pa.Table] = []
+    order: list[int] = []
+    by_op: dict[str, int] = {}
+    for encodings, indices in groups.items():
+        if reason := unsupported(columns_of[encodings]):
+            raise Declined(reason)
+        part = decode(
+            [values[i] for i in indices],
+            [keys[i] for i in indices],
+            kafka.take(pa.array(indices, pa.int64())),
+            columns_of[encodings],
+            key,
+        )
+        parts.append(part.rows)
+        order.extend(indices)
+        for op, n in part.by_op.items():
+            by_op[op] = by_op.get(op, 0) + n
+    rows = pa.concat_tables(parts).take(pc.sort_indices(pa.array(order, pa.int64())))
+    return Decoded(rows, by_op)
 
 
 @dataclass
@@ -383,13 +431,21 @@ def decode(
     A null value (a tombstone) is a delete of the key in its Kafka key, decoded like the Spark
     decoder does (a ``d`` event with neither before image nor source position); a caller that
     ignores tombstones (append mode) leaves them out. With ``schema_sections``, the events' schema
-    sections are cut out before parsing and returned: the caller must check that each one is a
-    schema it already knows (no evolution pending) before using the result.
+    sections are cut out before parsing and returned, and each event is decoded with the encodings
+    of its own section: the caller must check that each section is a schema the table takes as it is
+    (no evolution pending) before using the result.
     """
     schemas: list[str] = []
     texts = [v if v is not None else TOMBSTONE_EVENT.encode() for v in values]
     if schema_sections:
-        texts, schemas = split_schema_sections(texts)
+        texts, sections = split_schema_sections(texts)
+        schemas = sorted({s for s in sections if s is not None})
+        by_section = {s: _section_columns(columns, s) for s in schemas}
+        if any(v != columns for v in by_section.values()):
+            versions = [columns if s is None else by_section[s] for s in sections]
+            decoded = _decode_by_version(texts, keys, kafka, versions, key)
+            decoded.schemas = schemas
+            return decoded
     positions = kafka.select(KAFKA_POSITION)
     envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}

@@ -9,7 +9,8 @@ unscaled integer. A :class:`Column` keeps both facts so decoding never has to gu
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -227,6 +228,12 @@ def columns_for_table(schema: Schema, encodings: dict[str, Encoding] | None = No
         encoding = (encodings or {}).get(field.name) or default_encoding(field.field_type)
         result.append(Column(field.name, field.field_type, field.required, encoding))
     return result
+
+
+def with_encodings(columns: list[Column], encodings: Mapping[str, Encoding]) -> list[Column]:
+    """The same columns, each encoded as ``encodings`` says where it names it (one schema version's
+    encodings: a column's encoding can change between versions while its type stays)."""
+    return [replace(c, encoding=encodings.get(c.name, c.encoding)) for c in columns]
 
 
 def iceberg_schema(columns: list[Column], key: list[str]) -> Schema:

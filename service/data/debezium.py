@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import decimal
 from decimal import Decimal
-from functools import reduce
+from functools import partial, reduce
 
 import pandas as pd
 from pyiceberg.types import (
@@ -294,6 +294,7 @@ def decode(
     max_record_bytes: int,
     rejected_schemas: dict[str, str] | None = None,
     tombstones: bool = False,
+    versions: dict[str, list[Column]] | None = None,
 ) -> DataFrame:
     """Kafka rows (key, value, topic, partition, offset, timestamp) → change rows with an error column.
 
@@ -301,8 +302,20 @@ def decode(
     it is removed. The result keeps ``key`` and ``value`` for the dead-letter topic, and the source
     position in :data:`SOURCE_COLUMNS`. ``rejected_schemas`` maps schema texts (see
     :func:`schema_text`) to the reason their events are dead-lettered (an incompatible schema change
-    under ``on_incompatible_schema: dead_letter``).
+    under ``on_incompatible_schema: dead_letter``). ``versions`` maps schema texts to the columns their events are decoded with, for the schema
+    versions that encode a column unlike ``columns`` (milliseconds, then microseconds); each such
+    version's events are decoded apart and the results united.
     """
+    if versions:
+        section = schema_text(F.col("value"))
+        part = partial(decode, key=key, max_record_bytes=max_record_bytes, rejected_schemas=rejected_schemas)
+        parts = [
+            part(records.where(section == F.lit(text)), cols, tombstones=False)  # a tombstone has no section
+            for text, cols in versions.items()
+        ]
+        others = records.where(section.isNull() | ~section.isin(*versions))
+        parts.append(part(others, columns, tombstones=tombstones))
+        return reduce(DataFrame.unionByName, parts)
     by_name = {c.name: c for c in columns}
     key_columns = [by_name[k] for k in key]
     if not tombstones:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import pyarrow as pa
+import pytest
 
 from service.data import arrow_decode
 from service.data.columns import column_from_config
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, SinkRun
 from tests.sink.expect import topic_records
+from tests.sink.test_arrow_decoder import _kafka
 from tests.sink.test_decoding import _unscaled
 
 
@@ -122,7 +124,7 @@ def test_decimals_of_up_to_38_digits_keep_every_digit_in_the_arrow_decoder() -> 
     decoded = arrow_decode.decode(
         [e.encode() for e in events],
         [_key(i).encode() for i in range(len(values))],
-        pa.array(range(len(values)), pa.int64()),
+        _kafka(list(range(len(values)))),
         columns,
         ["id"],
         schema_sections=True,
@@ -166,3 +168,77 @@ def test_a_truncate_event_is_a_dead_letter(make_sink: Any, spark: Any, stack: An
         assert got == [(1, "a"), (2, "b2")], f"{reader} read {got}"
     reasons = _reasons(sink, stack.kafka_bootstrap, 1)
     assert reasons[2].startswith("truncate events are not applied"), reasons
+
+
+# -- a schema version that changes a column's encoding ----------------------------------------------
+
+
+def _timestamp_fields(logical: str) -> list[dict[str, Any]]:
+    return [
+        {"field": "id", "type": "int64", "optional": False},
+        {"field": "updated", "type": "int64", "optional": True, "name": logical},
+    ]
+
+
+@pytest.mark.parametrize("decoder", ["auto", "spark"])
+def test_a_batch_of_two_schema_versions_decodes_each_with_its_own_encoding(
+    make_sink: Any, spark: Any, decoder: str
+) -> None:
+    """The source changed DATETIME(3) to DATETIME(6): the column's events switch from
+    io.debezium.time.Timestamp (milliseconds) to MicroTimestamp (microseconds) while its Iceberg type
+    stays timestamp. One batch holds events of both versions, interleaved; each must be read with its
+    own version's unit, not with the one the sink learned last (1000 times off). auto: the Arrow path
+    takes the batch (each task decodes every event with its own schema section's encodings)."""
+    sink: Sink = make_sink(partitions=1, source={"decoder": decoder})
+    millis = _schema(_timestamp_fields("io.debezium.time.Timestamp"))
+    micros = _schema(_timestamp_fields("io.debezium.time.MicroTimestamp"))
+    sink.send(
+        [
+            (_key(1), _envelope(millis, "c", {"id": 1, "updated": 1_600_000_000_001})),
+            (_key(3), _envelope(micros, "c", {"id": 3, "updated": 1_650_000_000_000_001})),
+            (_key(2), _envelope(millis, "c", {"id": 2, "updated": 1_600_000_000_789})),
+            (_key(1), _envelope(micros, "u", {"id": 1, "updated": 1_700_000_000_123_456})),
+        ],
+    )
+    run = sink.run_until_caught_up()
+    commit = _one_commit(run, records=4, dead_letters=0)
+    assert f"{'arrow' if decoder == 'auto' else 'spark'} decoder" in commit, commit
+
+    expected = [
+        (1, datetime(2023, 11, 14, 22, 13, 20, 123456)),
+        (2, datetime(2020, 9, 13, 12, 26, 40, 789000)),
+        (3, datetime(2022, 4, 15, 5, 20, 0, 1)),
+    ]
+    for reader, rows in _both_readers(spark, sink.table):
+        got = sorted((r["id"], r["updated"]) for r in rows)
+        assert got == expected, f"{reader} read {got}"
+
+
+def test_the_arrow_decoder_reads_each_event_in_its_own_schema_versions_unit() -> None:
+    """Events of both versions interleaved in one task's share: each decoded with its section's
+    encoding, the rows kept in record order."""
+    columns = [
+        column_from_config("id", "long", True, None),
+        column_from_config("updated", "timestamp", False, "io.debezium.time.Timestamp"),
+    ]
+    millis = _schema(_timestamp_fields("io.debezium.time.Timestamp"))
+    micros = _schema(_timestamp_fields("io.debezium.time.MicroTimestamp"))
+    events = [
+        _envelope(micros, "c", {"id": 1, "updated": 1_700_000_000_123_456}),
+        _envelope(millis, "c", {"id": 2, "updated": 1_600_000_000_789}),
+        _envelope(micros, "u", {"id": 1, "updated": 1_700_000_000_123_457}),
+    ]
+    decoded = arrow_decode.decode(
+        [e.encode() for e in events],
+        [_key(i).encode() for i in (1, 2, 1)],
+        _kafka([0, 1, 2]),
+        columns,
+        ["id"],
+        schema_sections=True,
+    )
+    assert decoded.rows.select(["id", "updated", "offset"]).to_pylist() == [
+        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123456), "offset": 0},
+        {"id": 2, "updated": datetime(2020, 9, 13, 12, 26, 40, 789000), "offset": 1},
+        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123457), "offset": 2},
+    ]
+    assert decoded.by_op == {"c": 2, "u": 1} and len(decoded.schemas) == 2
