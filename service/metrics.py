@@ -106,6 +106,8 @@ class SinkMetrics:
             unit="{record}",
             description="Dead letters the topic refused even without their value; the log names each record",
         )
+        # Exported at 0 from the start, so an alert on its increase has a series before the first failure.
+        self.dead_letters_failed.add(0, self.attrs())
         self.declined_batches = meter.create_counter(
             "icesink.batches.declined",
             unit="{batch}",

@@ -57,13 +57,13 @@ from service.data.debezium import (
     SOURCE_FIELDS,
     TOMBSTONE_EVENT,
     TRUNCATE_OP,
+    VALID_OPS,
     spark_type,
     unscaled_decimal,
     wire_type,
 )
 from service.data.files import DELETE_OP, OP_COLUMN
 
-VALID_OPS = ("c", "r", "u", "d")
 _MICROS_PER_DAY = 86_400_000_000
 _FLOAT32_MAX = 3.4028234663852886e38
 _BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
