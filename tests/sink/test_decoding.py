@@ -112,7 +112,7 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_types_andtopic_records(make_sink: Any, spark: Any, stack: Any) -> None:
+def test_types_and_dead_letters(make_sink: Any, spark: Any, stack: Any) -> None:
     sink: Sink = make_sink(partitions=1, source={"max_record_bytes": 4096})
     good2 = {**WIRE, "id": 2, "s": None, "raw": None, "amount": None, "tz": None, "u": None}
     records: list[tuple[str | None, str | None]] = [
