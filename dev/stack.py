@@ -919,17 +919,22 @@ def rest_start() -> subprocess.Popen[bytes]:
     return spawn(SERVICES["rest"], argv, env=env, cwd=home)
 
 
-def rest_health() -> str:
-    conn = http.client.HTTPConnection(HOST, CFG.rest_port, timeout=5)
+def http_get(port: int, path: str) -> bytes:
+    """The body of a GET on 127.0.0.1:port that must answer 200 (a health probe)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=5)
     try:
-        conn.request("GET", "/v1/config")
+        conn.request("GET", path)
         resp = conn.getresponse()
         body = resp.read()
     finally:
         conn.close()
     if resp.status != 200:
-        raise StackError(f"GET /v1/config: HTTP {resp.status} {body[:200]!r}")
-    json.loads(body)
+        raise StackError(f"GET {path}: HTTP {resp.status} {body[:200]!r}")
+    return body
+
+
+def rest_health() -> str:
+    json.loads(http_get(CFG.rest_port, "/v1/config"))
     return "GET /v1/config ok"
 
 
@@ -980,15 +985,7 @@ def connect_start() -> subprocess.Popen[bytes]:
 
 
 def connect_health() -> str:
-    conn = http.client.HTTPConnection(HOST, CFG.connect_port, timeout=5)
-    try:
-        conn.request("GET", "/connector-plugins")
-        resp = conn.getresponse()
-        body = resp.read()
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise StackError(f"GET /connector-plugins: HTTP {resp.status} {body[:200]!r}")
+    body = http_get(CFG.connect_port, "/connector-plugins")
     versions = [p.get("version") for p in json.loads(body) if p.get("class") == DEBEZIUM_POSTGRES]
     if not versions:
         raise StackError(f"GET /connector-plugins does not list {DEBEZIUM_POSTGRES}: {body[:300]!r}")
