@@ -38,11 +38,6 @@ class AbandonOutcome:
     refused: bool = False  # a plan is pending but was not abandoned (it landed, or none of its files is gone)
 
 
-def owner() -> str:
-    """Who abandons: recorded as the owner of the claim and the abort in the txnlog's history."""
-    return command_owner("abandon")
-
-
 def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
     """Abandon the sink's pending plan, unless it landed or (without ``force``) none of its files is
     missing; the report says what becomes of its records."""
@@ -63,7 +58,7 @@ def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
                 "drop it anyway (its records are then read from Kafka again and written anew).",
                 refused=True,
             )
-        lease = log.claim(sink_id, owner())  # fences a replica still running
+        lease = log.claim(sink_id, command_owner("txnlog abandon"))  # fences a replica still running
         state = lease.state
         if state.phase is not Phase.PRECOMMIT or state.pending is None:
             return AbandonOutcome(f"sink {sink_id}: the plan was committed meanwhile; nothing abandoned")
@@ -115,7 +110,7 @@ def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missin
         f"sink {config.sink_id}: abandoned the pending plan seq {state.seq} (snapshot {pending.snapshot_id}, "
         f"{files} file(s), {len(missing)} of them gone); nothing of it was committed to {pending.table}.",
         f"Recorded in the txnlog's history: a claim (epoch {state.epoch}) and an abort holding the plan, "
-        f"owner {owner()!r}; a replica still running was fenced.",
+        f"owner {command_owner('txnlog abandon')!r}; a replica still running was fenced.",
         "What becomes of the batch's records: the sink resumes from the committed offsets"
         + (f" (seq {state.committed_seq})" if state.committed_seq is not None else " (none yet)")
         + ", so they are read from Kafka again and written anew:",

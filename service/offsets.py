@@ -13,14 +13,13 @@ history keeps it, with a note of what moved from where.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from service.channel.pending import Offsets, PendingCommit
 from service.config import KafkaConfig, SinkConfig
+from service.operator import command_owner
 from service.source import SourceError, admin, consumer, partitions, topic_ids, watermarks
 from service.txnlog_client import open_txnlog
 from txnlog import Phase, SinkState
@@ -203,7 +202,7 @@ def reset(
     log = open_txnlog(config, "offsets")
     try:
         _refuse_unless_resettable(config, log.state(config.sink_id))
-        lease = log.claim(config.sink_id, f"icesink offsets reset@{socket.gethostname()}:{os.getpid()}")
+        lease = log.claim(config.sink_id, command_owner("offsets reset"))
         _refuse_unless_resettable(config, lease.state)  # a replica may have precommitted meanwhile
         assert lease.state.committed_payload is not None
         committed = PendingCommit.from_payload(lease.state.committed_payload)

@@ -8,7 +8,7 @@ import socket
 
 
 def command_owner(command: str) -> str:
-    """``icesink txnlog <command> (<user>@<host>:<pid>)``.
+    """``icesink <command> (<user>@<host>:<pid>)``, e.g. ``icesink offsets reset (ops@host:42)``.
 
     ``getpass.getuser()`` raises in a container run with a UID that has no passwd entry (and no
     ``USER``/``LOGNAME``): the numeric uid stands in for the name then.
@@ -17,4 +17,4 @@ def command_owner(command: str) -> str:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return f"icesink txnlog {command} ({user}@{socket.gethostname()}:{os.getpid()})"
+    return f"icesink {command} ({user}@{socket.gethostname()}:{os.getpid()})"

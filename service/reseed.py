@@ -57,7 +57,7 @@ def reseed(config: SinkConfig) -> dict[str, Any]:
             if before is not None
             else {"row": "absent"}
         )
-        lease = log.claim(config.sink_id, command_owner("reseed"))
+        lease = log.claim(config.sink_id, command_owner("txnlog reseed"))
         plan = PendingCommit(table=identifier, offsets=mark.offsets, snapshot_id=mark.snapshot_id)
         # reseed itself refuses a seq that is not ahead, should a replica have committed meanwhile.
         log.reseed(

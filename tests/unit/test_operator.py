@@ -14,5 +14,5 @@ def test_a_user_without_a_name_is_recorded_by_uid(monkeypatch: pytest.MonkeyPatc
     for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
-    owner = command_owner("abandon")
+    owner = command_owner("txnlog abandon")
     assert owner.startswith(f"icesink txnlog abandon ({os.getuid()}@") and owner.endswith(f":{os.getpid()})")
