@@ -11,6 +11,7 @@ slots and publications, and the tables. docs/debezium.md shows the same connecto
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -216,6 +218,33 @@ class CdcSource:
         schema, name = table.split(".", 1)
         return self.query(f'SELECT * FROM "{schema}"."{name}"')
 
+    def records(self, topic: str, timeout: float = 30) -> list[tuple[bytes | None, bytes | None]]:
+        """Every (key, value) record the topic holds, partition by partition in offset order."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.kafka_bootstrap,
+                "group.id": f"read-{topic}",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions
+            }
+            consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+            found: dict[int, list[tuple[int, bytes | None, bytes | None]]] = {p: [] for p in partitions}
+            deadline = time.monotonic() + timeout
+            while sum(map(len, found.values())) < sum(high - low for low, high in ends.values()):
+                if time.monotonic() > deadline:
+                    raise CdcError(f"{topic}: read {sum(map(len, found.values()))} records, expected {ends}")
+                for message in consumer.consume(500, timeout=1):
+                    if message.error() is None:
+                        found[message.partition()].append((message.offset(), message.key(), message.value()))
+            return [(k, v) for p in partitions for _, k, v in sorted(found[p], key=lambda r: r[0])]
+        finally:
+            consumer.close()
+
     def connector_config(
         self,
         name: str,
@@ -278,6 +307,28 @@ class CdcSource:
                     self.execute(f'DROP TABLE IF EXISTS "{schema}"."{name}"')
         finally:
             self.engine.dispose()
+
+
+CORPUS = Path(__file__).parent / "sink" / "corpus"
+
+
+def write_corpus(
+    name: str,
+    description: str,
+    key: list[str],
+    records: list[tuple[bytes | None, bytes | None]],
+    **header: Any,
+) -> None:
+    """With ``ICESINK_WRITE_CORPUS=1``, save a connector's records as ``tests/sink/corpus/<name>.jsonl``
+    (see the folder's README); otherwise do nothing."""
+    if os.environ.get("ICESINK_WRITE_CORPUS") != "1":
+        return
+    lines = [json.dumps({"description": description, "key": key, **header})]
+    lines += [
+        json.dumps({"key": None if k is None else k.decode(), "value": None if v is None else v.decode()})
+        for k, v in records
+    ]
+    (CORPUS / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def differences(

@@ -20,14 +20,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql import types as T
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
 from service.data.columns import Column, column_from_config
-from service.data.debezium import ERROR_COLUMN, SOURCE_COLUMNS
+from service.data.debezium import ERROR_COLUMN
 from service.data.debezium import decode as spark_decode
 from service.data.debezium import latest_per_key as spark_latest_per_key
-from service.data.files import OP_COLUMN
+from tests.sink.decoders import comparable, kafka_positions, normalise, value_columns
+from tests.sink.decoders import spark_decoded as decode_with_spark
 
 COLUMNS: list[Column] = [
     column_from_config(name, type_text, required, encoding)
@@ -187,17 +187,6 @@ def _envelope(
     return doc
 
 
-def _kafka(offsets: list[int], partitions: list[int] | None = None, topic: str = "t") -> pa.Table:
-    """Kafka positions of records: one topic, partition 0 unless given."""
-    return pa.table(
-        {
-            "topic": pa.array([topic] * len(offsets)),
-            "partition": pa.array(partitions or [0] * len(offsets), pa.int32()),
-            "offset": pa.array(offsets, pa.int64()),
-        }
-    )
-
-
 def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
     """(label, key, value) records."""
     rng = random.Random(11)
@@ -289,42 +278,9 @@ def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
     return records
 
 
-def _comparable(table: pa.Table) -> list[dict[str, Any]]:
-    """Rows with dates as epoch days and timestamps as epoch micros (Python's datetime stops at 9999)."""
-    columns = []
-    for column in table.columns:
-        if pa.types.is_date32(column.type):
-            column = column.cast(pa.int32())
-        elif pa.types.is_timestamp(column.type):
-            column = column.cast(pa.int64())
-        columns.append(column)
-    return pa.table(columns, names=table.column_names).to_pylist()
-
-
-def _normalise(value: Any) -> Any:
-    return value.normalize() if isinstance(value, Decimal) else value
-
-
 @pytest.fixture(scope="module")
 def spark_decoded(spark: SparkSession) -> dict[int, dict[str, Any]]:
-    schema = T.StructType(
-        [
-            T.StructField("key", T.BinaryType()),
-            T.StructField("value", T.BinaryType()),
-            T.StructField("topic", T.StringType()),
-            T.StructField("partition", T.IntegerType()),
-            T.StructField("offset", T.LongType()),
-            T.StructField("timestamp", T.TimestampType()),
-        ]
-    )
-    now = datetime.now(UTC)
-    rows = [(k, v, "t", 0, i, now) for i, (_, k, v) in enumerate(_corpus())]
-    frame = spark.createDataFrame(rows, schema)
-    decoded = spark_decode(frame, COLUMNS, KEY, MAX_BYTES, tombstones=True).select(
-        "offset", ERROR_COLUMN, OP_COLUMN, *[c.name for c in COLUMNS], *SOURCE_COLUMNS
-    )
-    table = decoded.toArrow()
-    return {r["offset"]: r for r in _comparable(table)}
+    return decode_with_spark(spark, [(k, v) for _, k, v in _corpus()], COLUMNS, KEY, MAX_BYTES)
 
 
 def test_every_column_has_an_arrow_decoder() -> None:
@@ -341,7 +297,7 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
             assert reference is not None and reference[ERROR_COLUMN], label
             continue
         try:
-            got = _comparable(decode([value], [key], _kafka([offset]), COLUMNS, KEY).rows)[0]
+            got = comparable(decode([value], [key], kafka_positions([offset]), COLUMNS, KEY).rows)[0]
         except Declined:
             declined.append(label)
             continue
@@ -352,8 +308,8 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
                 f"{label}: Spark dead-letters it ({reference[ERROR_COLUMN]}), Arrow accepted {got}"
             )
             continue
-        for name in [OP_COLUMN, *[c.name for c in COLUMNS], *SOURCE_COLUMNS]:
-            if _normalise(got[name]) != _normalise(reference[name]):
+        for name in value_columns(COLUMNS):
+            if normalise(got[name]) != normalise(reference[name]):
                 disagreements.append(
                     f"{label}: column {name}: Arrow {got[name]!r}, Spark {reference[name]!r}"
                 )
@@ -502,7 +458,7 @@ def test_a_batch_with_one_bad_record_is_declined() -> None:
     rng = random.Random(3)
     values = [json.dumps(_envelope("c", _good_row(rng, i))).encode() for i in range(50)]
     keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(50)]
-    offsets = _kafka(list(range(50)))
+    offsets = kafka_positions(list(range(50)))
     assert decode(values, keys, offsets, COLUMNS, KEY).records == 50
     values[37] = json.dumps(_envelope("c", {**_good_row(rng, 37), "i32": 2**40})).encode()
     with pytest.raises(Declined, match="i32"):
@@ -519,7 +475,7 @@ def test_schema_sections_are_cut_out_and_handed_back() -> None:
         for i, row in enumerate(rows)
     ]
     keys: list[bytes | None] = [json.dumps({"id": i}).encode() for i in range(6)]
-    offsets = _kafka(list(range(6)))
+    offsets = kafka_positions(list(range(6)))
     with_sections = decode(values, keys, offsets, COLUMNS, KEY, schema_sections=True)
     plain = [json.dumps(_envelope("c", row)).encode() for row in rows]
     assert with_sections.rows.equals(decode(plain, keys, offsets, COLUMNS, KEY).rows)
@@ -533,7 +489,7 @@ def test_a_schema_section_that_hides_the_payload_marker_is_declined() -> None:
     schema = {"type": "struct", "parameters": {"x": 1, "payload": 2}, "fields": []}
     value = json.dumps({"schema": schema, "payload": _envelope("c", row)}, separators=(",", ":")).encode()
     with pytest.raises(Declined, match="schema section"):
-        decode([value], [b'{"id":1}'], _kafka([0]), COLUMNS, KEY, schema_sections=True)
+        decode([value], [b'{"id":1}'], kafka_positions([0]), COLUMNS, KEY, schema_sections=True)
 
 
 def test_a_task_over_its_memory_bound_declines() -> None:

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-from tests.cdc import CdcSource, differences
+from tests.cdc import CdcSource, differences, write_corpus
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 
@@ -35,29 +33,13 @@ SALES_DDL = """CREATE TABLE {table} (
 )"""
 
 
-def _ops(bootstrap: str, topic: str) -> Counter[str]:
-    """How many events of each op the topic holds ("tombstone" for a record with a null value)."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"ops-{topic}", "enable.auto.commit": False}
-    )
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        total = sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions
-        )
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        ops: Counter[str] = Counter()
-        for _ in range(30):
-            for message in consumer.consume(500, timeout=1):
-                if message.error() is None:
-                    value = message.value()
-                    event = None if value is None else json.loads(value)
-                    ops["tombstone" if event is None else event.get("payload", event)["op"]] += 1
-            if ops.total() >= total:
-                break
-        return ops
-    finally:
-        consumer.close()
+def _ops(records: list[tuple[bytes | None, bytes | None]]) -> Counter[str]:
+    """How many events of each op the records hold ("tombstone" for a record with a null value)."""
+    ops: Counter[str] = Counter()
+    for _, value in records:
+        event = None if value is None else json.loads(value)
+        ops["tombstone" if event is None else event.get("payload", event)["op"]] += 1
+    return ops
 
 
 @dataclass
@@ -67,6 +49,7 @@ class Captured:
     table: str  # schema.table in the source database
     topic: str
     appended: list[dict[str, Any]]  # every row image the source wrote, in order (snapshot, then changes)
+    records: list[tuple[bytes | None, bytes | None]]  # what the connector published, by partition
 
 
 def _capture(cdc: CdcSource, unique_name: Callable[[str], str], **connector_options: Any) -> Captured:
@@ -102,8 +85,9 @@ def _capture(cdc: CdcSource, unique_name: Callable[[str], str], **connector_opti
             appended += images
     topic = connector.topic(table)
     connector.wait_for_events(table, EXPECTED_OPS.total())
-    assert _ops(cdc.kafka_bootstrap, topic) == EXPECTED_OPS
-    return Captured(table, topic, appended)
+    records = cdc.records(topic)
+    assert _ops(records) == EXPECTED_OPS
+    return Captured(table, topic, appended, records)
 
 
 def _assert_table_matches(spark: Any, identifier: str, source: list[dict[str, Any]], key: str | None) -> None:
@@ -117,6 +101,9 @@ def test_debezium_sales_upsert_matches_the_source(
 ) -> None:
     """Schemas on, decimal.handling.mode=precise: the table is the source's current rows."""
     captured = _capture(cdc, unique_name, schemas=True, decimal_mode="precise")
+    write_corpus(
+        "sales-precise", "sales, schemas on, decimal.handling.mode=precise", ["id"], captured.records
+    )
     sink = make_sink(
         mode="upsert",
         kafka={"topics": [captured.topic]},
@@ -134,20 +121,24 @@ def test_debezium_sales_append_without_schemas_matches_the_source(
     """Schemas off, decimal.handling.mode=string (the columns configured in the sink): the table holds
     every row image the source wrote, each once."""
     captured = _capture(cdc, unique_name, schemas=False, decimal_mode="string")
+    columns = [
+        {"name": "id", "type": "long", "required": True},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "decimal(12,2)", "encoding": "decimal-text"},
+        {"name": "sold_at", "type": "timestamptz", "encoding": "io.debezium.time.ZonedTimestamp"},
+        {"name": "updated_at", "type": "timestamp", "encoding": "io.debezium.time.MicroTimestamp"},
+    ]
+    write_corpus(
+        "sales-string-schemaless",
+        "sales, schemas off, decimal.handling.mode=string",
+        ["id"],
+        captured.records,
+        columns=columns,
+    )
     sink = make_sink(
         mode="append",
         kafka={"topics": [captured.topic]},
-        table={
-            "identifier": f"{unique_name('ns')}.sales",
-            "key": ["id"],
-            "columns": [
-                {"name": "id", "type": "long", "required": True},
-                {"name": "customer", "type": "string"},
-                {"name": "amount", "type": "decimal(12,2)", "encoding": "decimal-text"},
-                {"name": "sold_at", "type": "timestamptz", "encoding": "io.debezium.time.ZonedTimestamp"},
-                {"name": "updated_at", "type": "timestamp", "encoding": "io.debezium.time.MicroTimestamp"},
-            ],
-        },
+        table={"identifier": f"{unique_name('ns')}.sales", "key": ["id"], "columns": columns},
     )
     sink.run_until_caught_up()
     _assert_table_matches(spark, sink.table, captured.appended, key=None)

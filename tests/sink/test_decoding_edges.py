@@ -19,8 +19,8 @@ from service.data import arrow_decode
 from service.data.columns import column_from_config
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, SinkRun
+from tests.sink.decoders import kafka_positions
 from tests.sink.expect import topic_records
-from tests.sink.test_arrow_decoder import _kafka
 from tests.sink.test_decoding import _unscaled
 
 
@@ -124,7 +124,7 @@ def test_decimals_of_up_to_38_digits_keep_every_digit_in_the_arrow_decoder() -> 
     decoded = arrow_decode.decode(
         [e.encode() for e in events],
         [_key(i).encode() for i in range(len(values))],
-        _kafka(list(range(len(values)))),
+        kafka_positions(list(range(len(values)))),
         columns,
         ["id"],
         schema_sections=True,
@@ -231,7 +231,7 @@ def test_the_arrow_decoder_reads_each_event_in_its_own_schema_versions_unit() ->
     decoded = arrow_decode.decode(
         [e.encode() for e in events],
         [_key(i).encode() for i in (1, 2, 1)],
-        _kafka([0, 1, 2]),
+        kafka_positions([0, 1, 2]),
         columns,
         ["id"],
         schema_sections=True,
