@@ -29,7 +29,7 @@ stack-status:
 
 test: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "not chaos and not bench" $(PYTEST_ARGS)
+	.venv/bin/pytest -m "not chaos and not bench" --durations=40 $(PYTEST_ARGS)
 
 chaos: bootstrap
 	dev/stack up
