@@ -5,15 +5,16 @@
     dev/stack up        start what is not running, wait until every server answers a health check
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
-    dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect), e.g.
-                        for outage tests; start waits for the same health check as up
+    dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
+                        trino), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
 an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST catalog server
 (JDBC backend on the dev Postgres, warehouse on the S3 server) and Kafka Connect (standalone worker with
-Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database). Spark's extra jars are
-fetched too.
+Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database) and Trino (a single
+node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables). Spark's extra
+jars are fetched too.
 
 Only the standard library is used, so this runs with the venv's or the system's python3.
 
@@ -22,6 +23,9 @@ Environment knobs (all optional):
   ICESINK_RUN_DIR        data dirs, logs, pid files (default <repo>/.cache/run)
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
+  ICESINK_TRINO_PORT=18080
+  ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
+                         the newest JDK 24+ under /usr/lib/jvm)
   ICESINK_S3_SERVER      force minio | moto (default: the first that installs)
   ICESINK_GO_BUILD_TIMEOUT  seconds allowed for one `go install` of an S3 server (default 2400)
   ICESINK_STACK_TIMEOUT  seconds to wait for each server to become healthy (default 180)
@@ -47,12 +51,15 @@ import socket
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = REPO / "dev"
@@ -89,6 +96,7 @@ class Config:
     s3_console_port: int = field(default_factory=lambda: _env_int("ICESINK_S3_CONSOLE_PORT", 19001))
     rest_port: int = field(default_factory=lambda: _env_int("ICESINK_REST_PORT", 18181))
     connect_port: int = field(default_factory=lambda: _env_int("ICESINK_CONNECT_PORT", 18083))
+    trino_port: int = field(default_factory=lambda: _env_int("ICESINK_TRINO_PORT", 18080))
     # Throwaway credentials of the local dev stack (nothing else uses them).
     pg_user: str = os.environ.get("ICESINK_PG_USER", "icesink")
     pg_password: str = os.environ.get("ICESINK_PG_PASSWORD", "icesink")
@@ -115,6 +123,10 @@ class Config:
     @property
     def connect_uri(self) -> str:
         return f"http://{HOST}:{self.connect_port}"
+
+    @property
+    def trino_uri(self) -> str:
+        return f"http://{HOST}:{self.trino_port}"
 
     def pg_dsn(self, db: str) -> str:
         return f"postgresql+psycopg://{self.pg_user}:{self.pg_password}@{HOST}:{self.pg_port}/{db}"
@@ -350,6 +362,21 @@ def check_connect_matches_kafka() -> None:
         )
 
 
+def mvn(what: str, *args: str) -> None:
+    """Run a Maven goal with the cache's local repository (downloads from Maven Central land there)."""
+    if not shutil.which("mvn"):
+        raise StackError("mvn not found: run scripts/bootstrap (it installs maven)")
+    argv = ["mvn", "-B", "-q", f"-Dmaven.repo.local={CACHE / 'm2'}", *args]
+    res = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())}
+    )
+    if res.returncode != 0:
+        raise StackError(
+            f"Maven failed for {what} (it downloads from Maven Central into {CACHE / 'm2'}):\n"
+            f"{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+        )
+
+
 def maven_fetch(module: str) -> list[Path]:
     """Copy the runtime jars of dev/maven/<module>/pom.xml into its folder (skipped when the pom is unchanged)."""
     pom = DEV / "maven" / module / "pom.xml"
@@ -357,30 +384,17 @@ def maven_fetch(module: str) -> list[Path]:
     stamp = dest / ".stamp"
     want = _maven_want(module)
     if not stamp_ok(stamp, want):
-        if not shutil.which("mvn"):
-            raise StackError("mvn not found: run scripts/bootstrap (it installs maven)")
         log(f"fetching {module} jars with Maven into {dest}")
         tmp = CACHE / "maven-tmp" / module  # not beside dest: a plugin.path folder must hold only plugins
         shutil.rmtree(tmp, ignore_errors=True)
-        argv = [
-            "mvn",
-            "-B",
-            "-q",
+        mvn(
+            str(pom),
             "-f",
             str(pom),
-            f"-Dmaven.repo.local={CACHE / 'm2'}",
             f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
             "-DincludeScope=runtime",
             f"-DoutputDirectory={tmp}",
-        ]
-        res = subprocess.run(
-            argv, capture_output=True, text=True, env={**os.environ, "JAVA_HOME": str(java_home())}
         )
-        if res.returncode != 0:
-            raise StackError(
-                f"Maven failed for {pom} (it downloads from Maven Central into {CACHE / 'm2'}):\n"
-                f"{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
-            )
         shutil.rmtree(dest, ignore_errors=True)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(dest)
@@ -489,6 +503,90 @@ def installed_s3_server() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+# ---- Trino: the server without plugins (trino-server-core) and the Iceberg plugin (its own zip), both
+# from Maven Central. 476 is the newest release of which Maven Central serves both archives (the
+# trino-server tarball of 476 would bring some 40 plugins, 820 MB, for the one needed).
+
+TRINO_VERSION = "476"
+TRINO_JAVA = 24  # the Java release Trino 476 requires at least
+TRINO_HOME = CACHE / "trino" / f"server-{TRINO_VERSION}"
+TEMURIN_25 = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
+
+
+def jdk_release(home: Path) -> int:
+    """The major Java release of a JDK folder, from its `release` file (0 when unreadable)."""
+    try:
+        match = re.search(r'^JAVA_VERSION="(\d+)', (home / "release").read_text(), re.M)
+    except OSError:
+        return 0
+    return int(match[1]) if match else 0
+
+
+def trino_java_home() -> Path:
+    """The JDK Trino runs on: ICESINK_TRINO_JAVA_HOME, else Temurin 25, else the newest JDK 24+ installed.
+    Kafka, Connect and the REST catalog stay on the default JDK (JAVA_HOME / java on the PATH)."""
+    override = os.environ.get("ICESINK_TRINO_JAVA_HOME")
+    jvms = Path("/usr/lib/jvm")
+    found = sorted(jvms.iterdir(), key=jdk_release, reverse=True) if jvms.is_dir() else []
+    for home in [Path(override)] if override else [TEMURIN_25, *found]:
+        if (home / "bin" / "java").exists() and jdk_release(home) >= TRINO_JAVA:
+            return home
+    raise StackError(
+        f"Trino {TRINO_VERSION} needs a JDK {TRINO_JAVA}+: none at {override or f'{TEMURIN_25} or under {jvms}'} "
+        "(set ICESINK_TRINO_JAVA_HOME to one)"
+    )
+
+
+def _trino_want() -> str:
+    return sha256_text(TRINO_VERSION, "lib", "plugin/iceberg")
+
+
+def trino_installed() -> bool:
+    return stamp_ok(TRINO_HOME / ".stamp", _trino_want())
+
+
+def _unpack(name: str, data: IO[bytes] | None, dest: Path) -> None:
+    if data is None or ".." in Path(name).parts or Path(name).is_absolute():
+        raise StackError(f"unexpected archive member {name!r}")
+    target = dest / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("wb") as out:
+        shutil.copyfileobj(data, out)
+
+
+def trino_install() -> Path:
+    """Unpack the server's lib/ and the Iceberg plugin into TRINO_HOME; nothing else of the tarball
+    (launchers, the other plugins) is needed to run `java -cp lib/* io.trino.server.TrinoServer`."""
+    trino_java_home()
+    if trino_installed():
+        return TRINO_HOME
+    archives = {}
+    for artifact, ext in (("trino-server-core", "tar.gz"), ("trino-iceberg", "zip")):
+        coordinate = f"io.trino:{artifact}:{TRINO_VERSION}:{ext}"
+        log(f"fetching {coordinate} with Maven")
+        mvn(coordinate, f"{MAVEN_DEPENDENCY_PLUGIN}:get", f"-Dartifact={coordinate}", "-Dtransitive=false")
+        archives[artifact] = (
+            CACHE / "m2" / "io" / "trino" / artifact / TRINO_VERSION / f"{artifact}-{TRINO_VERSION}.{ext}"
+        )
+    tmp = TRINO_HOME.with_name(TRINO_HOME.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"unpacking Trino {TRINO_VERSION} (server lib/ and the Iceberg plugin) into {TRINO_HOME}")
+    with tarfile.open(archives["trino-server-core"]) as tar:
+        top = f"trino-server-core-{TRINO_VERSION}/"
+        for member in tar:
+            if member.isfile() and member.name.startswith(top + "lib/"):
+                _unpack(member.name.removeprefix(top), tar.extractfile(member), tmp)
+    with zipfile.ZipFile(archives["trino-iceberg"]) as zf:
+        for info in zf.infolist():
+            if not info.is_dir():
+                with zf.open(info) as data:
+                    _unpack(f"plugin/iceberg/{Path(info.filename).name}", data, tmp)
+    shutil.rmtree(TRINO_HOME, ignore_errors=True)
+    tmp.rename(TRINO_HOME)
+    (TRINO_HOME / ".stamp").write_text(_trino_want() + "\n")
+    return TRINO_HOME
+
+
 def cmd_install(_: argparse.Namespace) -> int:
     if java_major() < 17:
         raise StackError("Java 17+ is required (Kafka 4 brokers need it): run scripts/bootstrap")
@@ -498,6 +596,7 @@ def cmd_install(_: argparse.Namespace) -> int:
     for module in MAVEN_MODULES:
         maven_fetch(module)
     build_rest_launcher()
+    trino_install()
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -803,6 +902,11 @@ logger.state.level = warn
 """
 
 
+def properties(props: dict[str, str]) -> str:
+    """A Java .properties file's text (values as they are: none here needs escaping)."""
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
 def kafka_properties(data: Path) -> str:
     props = {
         "process.roles": "broker,controller",
@@ -829,7 +933,7 @@ def kafka_properties(data: Path) -> str:
         "log.retention.hours": "168",
         "log.segment.bytes": str(64 * 1024 * 1024),
     }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    return properties(props)
 
 
 def kafka_java(main: str, *args: str) -> list[str]:
@@ -958,7 +1062,7 @@ def connect_properties(home: Path) -> str:
         # Every plugin here ships a ServiceLoader manifest: no scan of every class on the plugin path.
         "plugin.discovery": "service_load",
     }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    return properties(props)
 
 
 def connect_start() -> subprocess.Popen[bytes]:
@@ -992,6 +1096,97 @@ def connect_health() -> str:
     return f"Debezium PostgresConnector {versions[0]}"
 
 
+# ---- Trino (single node: coordinator and worker in one JVM)
+
+
+def trino_iceberg_catalog() -> dict[str, str]:
+    """The Iceberg catalog `iceberg`: the stack's REST catalog, its S3 server through Trino's native S3
+    file system (path-style). The keys come from the server's environment, never from a file or the
+    command line (docs/trino.md is the recipe)."""
+    return {
+        "connector.name": "iceberg",
+        "iceberg.catalog.type": "rest",
+        "iceberg.rest-catalog.uri": CFG.rest_uri,
+        "fs.native-s3.enabled": "true",
+        "s3.endpoint": CFG.s3_endpoint,
+        "s3.region": CFG.region,
+        "s3.path-style-access": "true",
+        "s3.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
+        "s3.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
+    }
+
+
+def trino_config(home: Path) -> dict[str, str]:
+    return {
+        "coordinator": "true",
+        "node-scheduler.include-coordinator": "true",
+        "http-server.http.port": str(CFG.trino_port),
+        "discovery.uri": CFG.trino_uri,
+        "node.environment": "icesink_dev",
+        "node.id": "icesink-dev-trino",
+        "node.bind-ip": HOST,
+        "node.internal-address": HOST,
+        "plugin.dir": str(TRINO_HOME / "plugin"),
+        "catalog.config-dir": str(home / "etc" / "catalog"),
+        "http-server.log.enabled": "false",
+        "log.enable-console": "true",  # to stdout, which is the stack's log file for the server
+    }
+
+
+# Trino's recommended JVM flags (its jvm.config) with a heap sized for a laptop's test stack.
+TRINO_JVM = (
+    "-Xms512m",
+    "-Xmx2G",
+    "-XX:+UseG1GC",
+    "-XX:G1HeapRegionSize=32M",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-XX:-OmitStackTraceInFastThrow",
+    "-XX:ReservedCodeCacheSize=256M",
+    "-XX:PerMethodRecompilationCutoff=10000",
+    "-XX:PerBytecodeRecompilationCutoff=10000",
+    "-Djdk.attach.allowAttachSelf=true",
+    "-Djdk.nio.maxCachedBufferSize=2000000",
+    "-Dfile.encoding=UTF-8",
+    "-XX:+EnableDynamicAgentLoading",
+    "--enable-native-access=ALL-UNNAMED",
+    "-Djava.awt.headless=true",
+)
+
+
+def trino_start() -> subprocess.Popen[bytes]:
+    if not trino_installed():
+        raise StackError("Trino is not installed: run dev/stack install")
+    home = RUN / "trino"
+    catalogs = home / "etc" / "catalog"
+    catalogs.mkdir(parents=True, exist_ok=True)
+    config = home / "etc" / "config.properties"
+    config.write_text(properties(trino_config(home)))
+    (catalogs / "iceberg.properties").write_text(properties(trino_iceberg_catalog()))
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
+        "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
+        "JAVA_HOME": str(trino_java_home()),
+    }
+    argv = [
+        str(trino_java_home() / "bin" / "java"),
+        *TRINO_JVM,
+        f"-Dconfig={config}",
+        "-cp",
+        f"{TRINO_HOME / 'lib'}/*",
+        "io.trino.server.TrinoServer",
+    ]
+    return spawn(SERVICES["trino"], argv, env=env, cwd=home)
+
+
+def trino_health() -> str:
+    info = json.loads(http_get(CFG.trino_port, "/v1/info"))
+    if info.get("starting", True):
+        raise StackError("GET /v1/info: still starting")
+    return f"Trino {info.get('nodeVersion', {}).get('version', '?')}, GET /v1/info ok"
+
+
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
@@ -1006,6 +1201,7 @@ SERVICES: dict[str, Service] = {
     "kafka": Service("kafka", CFG.kafka_port, "kafka.Kafka", kafka_start, kafka_health),
     "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
     "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
+    "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
 }
 
 
@@ -1053,7 +1249,11 @@ def fail(svc: Service, err: Exception) -> int:
 
 
 def installed() -> bool:
-    return (CACHE / "s3-server").exists() and all(maven_fetched(module) for module in MAVEN_MODULES)
+    return (
+        (CACHE / "s3-server").exists()
+        and all(maven_fetched(module) for module in MAVEN_MODULES)
+        and trino_installed()
+    )
 
 
 def cmd_up(_: argparse.Namespace) -> int:
@@ -1082,8 +1282,9 @@ def cmd_up(_: argparse.Namespace) -> int:
         except Exception as exc:
             return fail(svc, exc)
     pg_wal_level_warning()
-    # Then the servers that need those: the REST catalog (Postgres, S3) and Kafka Connect (Kafka).
-    later = ["rest", "connect"]
+    # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
+    # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside).
+    later = ["rest", "connect", "trino"]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1145,7 +1346,7 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
-    for name in ("connect", "rest", "kafka", "s3", "postgres"):
+    for name in ("trino", "connect", "rest", "kafka", "s3", "postgres"):
         stop(SERVICES[name])
     return 0
 
@@ -1189,6 +1390,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_PG_DSN": CFG.pg_dsn(CFG.pg_db),
         "ICESINK_REST_URI": CFG.rest_uri,
         "ICESINK_CONNECT_URI": CFG.connect_uri,
+        "ICESINK_TRINO_URI": CFG.trino_uri,
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),
         "ICESINK_S3_ENDPOINT": CFG.s3_endpoint,
         "ICESINK_WAREHOUSE": CFG.warehouse,

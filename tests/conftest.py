@@ -8,6 +8,7 @@ Sub-folders add their own fixtures in their own conftest.py files.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -173,6 +174,24 @@ def rest_catalog(stack: Stack) -> RestCatalog:
     catalog = load_catalog("rest", **stack.pyiceberg_properties())
     assert isinstance(catalog, RestCatalog)
     return catalog
+
+
+@pytest.fixture(scope="session")
+def trino(stack: Stack) -> str:
+    """The stack's Trino server (its URI), a third reader of the tables; fails loudly when it is down.
+    Only the tests that read through Trino ask for it, so the other tests run without it."""
+    uri = load_stack_env(("ICESINK_TRINO_URI",))["ICESINK_TRINO_URI"].rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{uri}/v1/info", timeout=5) as resp:
+            info = json.load(resp)
+        assert not info.get("starting", True), "still starting"
+    except Exception as exc:
+        pytest.fail(
+            f"Trino at {uri} is not healthy ({exc}): `dev/stack up` (or `dev/stack start trino`) starts it; "
+            "log in .cache/run/logs/trino.log",
+            pytrace=False,
+        )
+    return uri
 
 
 @pytest.fixture(scope="session")

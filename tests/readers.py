@@ -1,11 +1,13 @@
-"""Reference readers: what an Iceberg table holds, as seen by two independent engines.
+"""Reference readers: what an Iceberg table holds, as seen by three independent engines.
 
 * :func:`spark_rows` reads through Spark with the Iceberg runtime (the `spark` fixture's catalog `rest`).
 * :func:`duckdb_rows` reads through DuckDB 1.5.5's iceberg extension, loaded offline from the files of
   the PyPI packages ``duckdb-extension-iceberg/-avro/-httpfs`` (autoinstall/autoload off), attached to
   the REST catalog with an S3 secret for the local endpoint.
+* :func:`trino_rows` reads through the stack's Trino server (catalog ``iceberg``: the REST catalog with
+  native S3, see docs/trino.md) with the ``trino`` client from PyPI.
 
-Both honour position and equality deletes, so they give a table's live rows, now or at a snapshot.
+All three honour position and equality deletes, so they give a table's live rows, now or at a snapshot.
 Rows come back as ``list[dict]`` in no particular order; sort them before comparing. Endpoints are read
 from the environment (the variables of ``dev/stack env``; tests/conftest.py loads them).
 """
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import duckdb
+    import trino
     from pyspark.sql import SparkSession
 
 DUCKDB_EXTENSIONS = ("httpfs", "avro", "iceberg")
@@ -144,3 +147,51 @@ def duckdb_rows(
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
     finally:
         con.close()
+
+
+def trino_connect(env: Mapping[str, str] | None = None, catalog: str = "iceberg") -> trino.dbapi.Connection:
+    """A connection to the stack's Trino (``ICESINK_TRINO_URI``) with `catalog` as its default catalog."""
+    from urllib.parse import urlsplit
+
+    import trino
+
+    env = os.environ if env is None else env
+    uri = urlsplit(env["ICESINK_TRINO_URI"])
+    return trino.dbapi.connect(
+        host=uri.hostname,
+        port=uri.port,
+        http_scheme=uri.scheme,
+        user="icesink",
+        catalog=catalog,
+        request_timeout=120,
+    )
+
+
+def trino_query(sql: str, env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The rows of one Trino statement, as dicts."""
+    con = trino_connect(env)
+    try:
+        cursor = con.cursor()
+        cursor.execute(sql)
+        rows = cursor.fetchall()
+        columns = [d[0] for d in cursor.description or []]
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+    finally:
+        con.close()
+
+
+def trino_table(identifier: str | tuple[str, ...], catalog: str = "iceberg") -> str:
+    """`<namespace>.<table>` as a quoted Trino name in `catalog`."""
+    return _quote([catalog, *_parts(identifier)], chr(34))
+
+
+def trino_rows(
+    identifier: str | tuple[str, ...],
+    snapshot_id: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of `<namespace>.<table>` through Trino's Iceberg connector, at `snapshot_id` if given."""
+    sql = f"SELECT * FROM {trino_table(identifier)}"
+    if snapshot_id is not None:
+        sql += f" FOR VERSION AS OF {int(snapshot_id)}"
+    return trino_query(sql, env)

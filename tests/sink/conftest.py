@@ -169,61 +169,70 @@ class Sink:
         )
 
 
+def new_sink(
+    stack: Any,
+    unique_name: Callable[[str], str],
+    directory: Path,
+    mode: str = "upsert",
+    partition_by: list[str] | None = None,
+    catalog: dict[str, str] | None = None,
+    with_schema: bool = True,
+    columns: list[dict[str, Any]] | None = None,
+    keys: int = 300,
+    seed: int = 11,
+    partitions: int = 3,
+    **overrides: Any,
+) -> Sink:
+    """A sink configuration on the stack (topic created, table not yet), its files in ``directory``;
+    `make_sink` is the fixture for one test, a module-scoped fixture may call this itself."""
+    name = unique_name("sink")
+    topic = unique_name("cdc")
+    ensure_topic(stack.kafka_bootstrap, topic, partitions)
+    config: dict[str, Any] = {
+        "sink_id": name,
+        "kafka": {"bootstrap_servers": stack.kafka_bootstrap, "topics": [topic]},
+        "table": {
+            "identifier": f"{unique_name('ns')}.customers",
+            "key": ["id"],
+            "mode": mode,
+            "partition_by": partition_by or [],
+            **({"columns": columns} if columns else {}),
+        },
+        "catalog": catalog
+        or {
+            "name": "rest",
+            "type": "rest",
+            "uri": stack.rest_uri,
+            "s3.endpoint": stack.s3_endpoint,
+            "s3.access-key-id": "${AWS_ACCESS_KEY_ID}",
+            "s3.secret-access-key": "${AWS_SECRET_ACCESS_KEY}",
+            "s3.region": stack.region,
+        },
+        "txnlog": {"dsn": "${ICESINK_PG_DSN}"},
+        "commit": {"trigger_interval": "1s"},
+        "write": {"parallelism": 2},
+        "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g"}},
+    }
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            config.setdefault(section, {}).update(values)
+        else:
+            config[section] = values
+    return Sink(
+        name=name,
+        config=config,
+        path=directory / f"{name}.yaml",
+        bootstrap=stack.kafka_bootstrap,
+        source=SampleSource(keys=keys, seed=seed, with_schema=with_schema),
+    )
+
+
 @pytest.fixture
 def make_sink(stack: Any, unique_name: Callable[[str], str], tmp_path: Path) -> Iterator[Callable[..., Sink]]:
     sinks: list[Sink] = []
 
-    def make(
-        mode: str = "upsert",
-        partition_by: list[str] | None = None,
-        catalog: dict[str, str] | None = None,
-        with_schema: bool = True,
-        columns: list[dict[str, Any]] | None = None,
-        keys: int = 300,
-        seed: int = 11,
-        partitions: int = 3,
-        **overrides: Any,
-    ) -> Sink:
-        name = unique_name("sink")
-        topic = unique_name("cdc")
-        ensure_topic(stack.kafka_bootstrap, topic, partitions)
-        config: dict[str, Any] = {
-            "sink_id": name,
-            "kafka": {"bootstrap_servers": stack.kafka_bootstrap, "topics": [topic]},
-            "table": {
-                "identifier": f"{unique_name('ns')}.customers",
-                "key": ["id"],
-                "mode": mode,
-                "partition_by": partition_by or [],
-                **({"columns": columns} if columns else {}),
-            },
-            "catalog": catalog
-            or {
-                "name": "rest",
-                "type": "rest",
-                "uri": stack.rest_uri,
-                "s3.endpoint": stack.s3_endpoint,
-                "s3.access-key-id": "${AWS_ACCESS_KEY_ID}",
-                "s3.secret-access-key": "${AWS_SECRET_ACCESS_KEY}",
-                "s3.region": stack.region,
-            },
-            "txnlog": {"dsn": "${ICESINK_PG_DSN}"},
-            "commit": {"trigger_interval": "1s"},
-            "write": {"parallelism": 2},
-            "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g"}},
-        }
-        for section, values in overrides.items():
-            if isinstance(values, dict):
-                config.setdefault(section, {}).update(values)
-            else:
-                config[section] = values
-        sink = Sink(
-            name=name,
-            config=config,
-            path=tmp_path / f"{name}.yaml",
-            bootstrap=stack.kafka_bootstrap,
-            source=SampleSource(keys=keys, seed=seed, with_schema=with_schema),
-        )
+    def make(*args: Any, **kwargs: Any) -> Sink:
+        sink = new_sink(stack, unique_name, tmp_path, *args, **kwargs)
         sinks.append(sink)
         return sink
 
