@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from service.config import SinkConfig
-from service.job import JARS_ENV
 
 
 def _kafka(config: SinkConfig) -> str:
@@ -82,15 +80,17 @@ def _storage(config: SinkConfig) -> str:
 
 
 def _spark_jars(config: SinkConfig) -> str:
-    jars = list(config.spark.jars) or [j for j in os.environ.get(JARS_ENV, "").split(",") if j]
-    if not jars:
-        raise RuntimeError(f"no Spark jars: set spark.jars or {JARS_ENV} (the Kafka source jar is required)")
-    missing = [j for j in jars if "://" not in j and not os.path.exists(j)]
-    if missing:
-        raise RuntimeError(f"missing jar file(s): {missing}")
-    if not any("spark-sql-kafka" in j for j in jars):
-        raise RuntimeError("no spark-sql-kafka-0-10 jar among the Spark jars")
-    return f"{len(jars)} jar(s)"
+    """The check ``icesink run`` makes before it claims the sink: jar files are looked into without
+    Spark; packages can only be resolved by Spark, so then a local session is started and stopped."""
+    from service import spark_jars
+    from service.job import build_spark
+
+    jars = spark_jars.resolve(config.spark)
+    detail = spark_jars.check_files(jars)
+    if not jars.local_only:
+        build_spark(config, master="local[1]").stop()
+        detail += " (resolved, classes loaded)"
+    return detail
 
 
 CHECKS: list[tuple[str, Callable[[SinkConfig], str]]] = [

@@ -29,6 +29,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.job import SinkFenced, SinkJob
     from service.offsets import OffsetsGone
     from service.source import SourceError
+    from service.spark_jars import SparkJarsError
 
     health = Health()
     if config.health.port is not None:
@@ -44,7 +45,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except OffsetsGone as exc:
         logger.error("stopping: %s", exc)
         return EXIT_CONFIG
-    except (SchemaError, SourceError, LogBehindTable, PlanUncommittable) as exc:
+    except (SchemaError, SourceError, SparkJarsError, LogBehindTable, PlanUncommittable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
     return EXIT_OK

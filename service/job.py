@@ -1,7 +1,8 @@
 """The streaming job: Kafka → decode → latest change per key → Parquet files → one commit per batch.
 
-Start-up order matters and is the exactly-once story in miniature: claim the sink (fencing any
-older replica), check that the table holds no commit of this sink newer than the log knows, finish a
+Start-up order matters and is the exactly-once story in miniature: check Kafka and the table,
+start Spark with its jars (a missing one stops start-up here, before anything is claimed), claim the
+sink (fencing any older replica), check that the table holds no commit of this sink newer than the log knows, finish a
 plan left in precommit, and only then start reading Kafka from the committed offsets held by the
 txnlog. Spark's checkpoint is a throwaway directory: the log is the truth.
 """
@@ -27,10 +28,11 @@ from typing import Any, TypeVar
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from service import dead_letter
+from service import dead_letter, spark_jars
 from service.channel.cadence import CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
@@ -83,14 +85,13 @@ from service.source import (
     starting_offsets,
     topic_ids,
 )
+from service.spark_jars import SparkJarsError
 from service.txnlog_client import open_txnlog
 from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-JARS_ENV = "ICESINK_SPARK_JARS"
 
 
 class StopRequested(RuntimeError):
@@ -151,12 +152,19 @@ def catalog_retries(config: SinkConfig, what: str, call: Callable[[], T]) -> T:
     )
 
 
-def build_spark(config: SinkConfig) -> SparkSession:
+def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
+    """The sink's Spark session, with the jars it needs (:mod:`service.spark_jars`).
+
+    A jar that is missing, can't be fetched or resolved, or lacks a class the Kafka source needs raises
+    :class:`SparkJarsError` here: the sink builds its session before it claims anything.
+    """
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = list(config.spark.jars) or [j for j in os.environ.get(JARS_ENV, "").split(",") if j]
+    jars = spark_jars.resolve(config.spark)
+    spark_jars.check_files(jars)
+    master = master or config.spark.master
     builder = (
-        SparkSession.builder.master(config.spark.master)
+        SparkSession.builder.master(master)
         .appName(config.spark.app_name or f"icesink-{config.sink_id}")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(config.write.parallelism))
@@ -166,17 +174,32 @@ def build_spark(config: SinkConfig) -> SparkSession:
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    if config.spark.master.startswith("local"):
+    if master.startswith("local"):
         # A local-mode driver needs no address reachable from elsewhere.
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
-    if jars:
-        builder = builder.config("spark.jars", ",".join(jars))
-    for key, value in config.spark.conf.items():
+    for key, value in {**jars.conf, **config.spark.conf}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        # Spark resolves packages before its JVM is up: Ivy's report (above, on stderr) names the
+        # module it could not find, and the gateway just exits.
+        if jars.packages and exc.getCondition() == "JAVA_GATEWAY_EXITED":
+            raise SparkJarsError(
+                f"Spark did not start: it could not resolve the packages {', '.join(jars.packages)} "
+                f"(spark.jars.packages, through Ivy in {jars.ivy_home}; Ivy's report above says which "
+                f"module it did not find)"
+            ) from None
+        raise
     spark.sparkContext.setLogLevel("WARN")
+    try:
+        spark_jars.check_session(spark, jars)
+    except SparkJarsError:
+        spark.stop()
+        raise
+    logger.info("Spark jars: %s", jars.describe())
     return spark
 
 
@@ -268,6 +291,12 @@ class SinkJob:
     # -- start-up ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start-up without the stream: :meth:`prepare`, then :meth:`claim_and_recover`."""
+        self.prepare()
+        self.claim_and_recover()
+
+    def prepare(self) -> None:
+        """What start-up checks and loads before it claims the sink: Kafka, then the table."""
         configure_failpoints()
         # Kafka first: a broker or topic that can't be reached stops start-up before a table is
         # created or the sink is claimed.
@@ -285,6 +314,9 @@ class SinkJob:
         self.rejected_schemas: dict[str, str] = {}
         self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
         self.arrow_decoder = self._arrow_decoder_usable()
+
+    def claim_and_recover(self) -> None:
+        """Claim the sink (fencing older replicas), then finish what the last one left in precommit."""
         self.lease: Lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
@@ -410,8 +442,10 @@ class SinkJob:
     # -- the stream ----------------------------------------------------------------------------------
 
     def run(self, until_caught_up: bool = False) -> None:
-        self.start()
+        self.prepare()
+        # Spark before the claim: a jar that is missing or can't be resolved stops start-up here.
         spark = build_spark(self.config)
+        self.claim_and_recover()
         checkpoint = tempfile.mkdtemp(
             prefix=f"icesink-{self.config.sink_id}-", dir=self.config.spark.checkpoint_dir
         )

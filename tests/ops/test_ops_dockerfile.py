@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from ops_helpers import REPO
 
+from service.spark_jars import TOKEN_PROVIDER_VERSION, kafka_source_coordinates
+
 DOCKERFILE = REPO / "Dockerfile"
 JAR_LIST = REPO / "deploy" / "docker" / "spark-jars.txt"
 FETCH = REPO / "deploy" / "docker" / "fetch-jars.sh"
@@ -212,6 +214,9 @@ def test_the_jars_are_the_ones_the_job_needs(dockerfile: Dockerfile) -> None:
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     pyspark = next(d.split("==")[1] for d in deps if d.startswith("pyspark=="))
     assert ("org.apache.spark", "spark-sql-kafka-0-10_2.13", pyspark) in coords
+    # the token provider the sink fetches when no jar files are named is the image's
+    token_provider = kafka_source_coordinates()[1].split(":")
+    assert (*token_provider, TOKEN_PROVIDER_VERSION) in coords
     # ICESINK_SPARK_JARS names exactly these files where the jars stage puts them
     env = " ".join(i.args for i in dockerfile.of("ENV", "runtime-base"))
     match = re.search(r"ICESINK_SPARK_JARS=(\S+)", env)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,11 @@ def change(key: int, name: str, source: dict[str, Any]) -> tuple[str, str]:
     """The (key, value) of a Debezium update of row (id, name) at a source position, with schemas."""
     payload = {"op": "u", "before": None, "after": {"id": key, "name": name}, "source": source}
     return json.dumps({"id": key}), json.dumps({"schema": CHANGE_SCHEMA, "payload": payload})
+
+
+def _environment(changes: Mapping[str, str | None] | None) -> dict[str, str]:
+    """The test's environment with ``changes`` (a None value removes the variable)."""
+    return {k: v for k, v in {**os.environ, **(changes or {})}.items() if v is not None}
 
 
 @dataclass
@@ -135,7 +140,8 @@ class Sink:
         assert producer.flush(30) == 0
         return landed
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> SinkRun:
+    def start(self, *args: str, env: Mapping[str, str | None] | None = None) -> SinkRun:
+        """Start `icesink run`; ``env`` adds variables to the test's environment (None removes one)."""
         self.save()
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
         log = log_path.open("w")
@@ -145,20 +151,24 @@ class Sink:
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, **(env or {})},
+            env=_environment(env),
             start_new_session=True,
         )
         run = SinkRun(process, log_path)
         self.runs.append(run)
         return run
 
-    def run_until_caught_up(self, timeout: float = 300, env: dict[str, str] | None = None) -> SinkRun:
+    def run_until_caught_up(
+        self, timeout: float = 300, env: Mapping[str, str | None] | None = None
+    ) -> SinkRun:
         run = self.start("--until-caught-up", env=env)
         code = run.wait(timeout)
         assert code == 0, f"icesink run --until-caught-up exited {code}:\n{run.log()[-6000:]}"
         return run
 
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, env: Mapping[str, str | None] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         self.save()
         return subprocess.run(
             [*ICESINK, *args, "--config", str(self.path)],
@@ -166,6 +176,7 @@ class Sink:
             capture_output=True,
             text=True,
             timeout=120,
+            env=_environment(env),
         )
 
 
