@@ -9,6 +9,7 @@ Runs one after the other, never at the same time, so they do not share the two c
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, figures, readside, report
+from bench import baselines, figures, partition_scan, readside, report
 from bench.sink import Sink, sink_config, snapshots, unique
 from bench.stack import REPO, Stack, load_stack, machine, spark_session
 from bench.workload import SteadyProducer, Workload, ensure_topic, produce, record_times
@@ -31,7 +32,10 @@ ALL = (
     "ceiling-arrow",
     "freshness",
     "read-side",
+    "trino-partition",
 )
+# The parts that run on tables of their own (not the throughput workload), after the throughput parts.
+TABLE_PARTS = ("freshness", "read-side", "trino-partition")
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Size:
     keys: int
     batch: int  # max_offsets_per_trigger (and the baselines' maxOffsetsPerTrigger)
     freshness_s: int  # seconds of steady production
-    read_commits: int
+    read_commits: int  # read side and trino-partition: commits of read_events_per_commit events
     read_events_per_commit: int
     parts: tuple[str, ...]
 
@@ -304,6 +308,48 @@ class Bench:
             "compaction_s": compaction_s,
         }
 
+    def trino_partition(self) -> dict[str, Any]:
+        """The icesink table partitioned by country (global deletes) vs the same batches by MERGE INTO
+        (partition-scoped deletes), itself compacted and a copy, read by Trino with WHERE country = 'de'
+        (bench/partition_scan.py)."""
+        commits, per = self.size.read_commits, self.size.read_events_per_commit
+        topic = unique("bench_trino")
+        ensure_topic(self.stack.kafka, topic, self.partitions)
+        workload = Workload(keys=max(per * 5, 5_000), seed=self.args.seed + 3)
+        produce(self.stack.kafka, topic, workload.generate(commits * per))
+        name = unique("bench_trino")
+        table = f"{name}.t"
+        log(
+            f"trino partition predicate: {commits} commits of {per} events into {table} (partitioned by country)"
+        )
+        extra = {"table": {"partition_by": [partition_scan.PARTITION_BY]}}
+        config = sink_config(self.stack, name, topic, table, "upsert", per, 1, extra=extra)
+        sink = Sink(self.stack, self.workdir, name, config)
+        sink.start("--until-caught-up")
+        sink.wait(timeout=3600)
+        stream = baselines.SparkStream(
+            self.session(), self.stack, "merge", topic, unique("bench_trino"), partition_scan.PARTITION_BY
+        )
+        log(f"trino partition predicate: the same batches by MERGE INTO {stream.table}")
+        stream.start(per, None)
+        stream.wait(timeout=3600)
+        tables = {"icesink": table, "merge-into": stream.table.removeprefix("rest.")}
+        out = {label: partition_scan.measure(self.stack, t) for label, t in tables.items()}
+        compaction_s = readside.compact(self.session(), table)
+        out["icesink compacted"] = partition_scan.measure(self.stack, table)
+        out["copy"] = partition_scan.measure(self.stack, partition_scan.copy(table))
+        results = {label: r["result"] for label, r in out.items()}
+        if len({json.dumps(r) for r in results.values()}) != 1:
+            raise AssertionError(f"trino partition predicate: the tables disagree: {results}")
+        return {
+            "commits": commits,
+            "events_per_commit": per,
+            "live_rows": len(workload.live),
+            "predicate": partition_scan.PREDICATE,
+            "tables": out,
+            "compaction_s": compaction_s,
+        }
+
     def _throughput_part(self, part: str, runs: dict[str, Any]) -> None:
         load = os.getloadavg()[0]
         if part in ("icesink-upsert", "icesink-append"):
@@ -344,7 +390,7 @@ class Bench:
         }
         r["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         started = time.monotonic()
-        throughput_parts = [p for p in parts if p not in ("freshness", "read-side")]
+        throughput_parts = [p for p in parts if p not in TABLE_PARTS]
         if throughput_parts:
             self.prepare()
         runs = r["runs"]
@@ -367,6 +413,12 @@ class Bench:
             except Exception as exc:
                 log(f"read side failed: {exc!r}")
                 r.setdefault("errors", []).append(f"read side: {exc!r}")
+        if "trino-partition" in parts:
+            try:
+                r["trino_partition"] = self.trino_partition()
+            except Exception as exc:
+                log(f"trino partition predicate failed: {exc!r}")
+                r.setdefault("errors", []).append(f"trino partition predicate: {exc!r}")
         r["ratios"] = self.ratios()
         r["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["duration_s"] = round(time.monotonic() - started, 1)
@@ -434,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [x for x in parts if x not in ALL]
     if unknown:
         p.error(f"unknown part(s): {', '.join(unknown)}")
-    if ("freshness" in parts and not size.freshness_s) or ("read-side" in parts and not size.read_commits):
+    reads = "read-side" in parts or "trino-partition" in parts
+    if ("freshness" in parts and not size.freshness_s) or (reads and not size.read_commits):
         size = Size(
             **{
                 **size.__dict__,

@@ -142,13 +142,17 @@ def _progress_batches(query: Any) -> list[StreamBatch]:
 class SparkStream:
     """One baseline streaming query in the bench's Spark session."""
 
-    def __init__(self, spark: Any, stack: Stack, kind: str, topic: str, namespace: str) -> None:
+    def __init__(
+        self, spark: Any, stack: Stack, kind: str, topic: str, namespace: str, partition_by: str | None = None
+    ) -> None:
         self.spark, self.stack, self.kind, self.topic = spark, stack, kind, topic
         self.table = f"rest.{namespace}.{kind}"
         self.run = StreamRun(kind, self.table)
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS rest.{namespace}")
+        partitioned = f"PARTITIONED BY ({partition_by}) " if partition_by else ""
         spark.sql(
-            f"CREATE TABLE {self.table} ({DDL_COLUMNS}) USING iceberg TBLPROPERTIES ({TABLE_PROPERTIES})"
+            f"CREATE TABLE {self.table} ({DDL_COLUMNS}) USING iceberg {partitioned}"
+            f"TBLPROPERTIES ({TABLE_PROPERTIES})"
         )
         self.checkpoint = tempfile.mkdtemp(prefix=f"icesink-bench-{kind}-")
         self.query: Any = None

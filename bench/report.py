@@ -63,9 +63,36 @@ def table(results: dict[str, Any]) -> str:
                 f"({s['data_files']} data + {s['delete_files']} delete files)"
             )
         lines.append(f"  compaction took {read['compaction_s']:.1f}s")
+    trino = results.get("trino_partition")
+    if trino:
+        lines.append("")
+        lines.extend(trino_partition_table(trino))
     lines.append("")
     lines.append(f"load average at start {results['load_start']}, at end {results['load_end']}")
     return "\n".join(lines)
+
+
+def trino_partition_table(trino: dict[str, Any]) -> list[str]:
+    """Trino's scan of the partition predicate, one line per table."""
+    head = (
+        f"{'table':<18} {'row filter':>10} {'query s':>8} {'scan wall s':>11} {'scan cpu s':>10} "
+        f"{'splits':>6} {'input rows':>10} {'input MiB':>9} {'after deletes':>13} {'deletes applied':>15}"
+    )
+    lines = [
+        f"Trino, {trino['predicate']} ({trino['commits']} commits of {trino['events_per_commit']} events, "
+        f"{trino['live_rows']:,} rows; medians of 5 queries):",
+        head,
+        "-" * len(head),
+    ]
+    for label, t in trino["tables"].items():
+        deletes = f"{t['deletes_applied_files']} files/{t['deletes_applied_rows']:,}"
+        lines.append(
+            f"{label:<18} {'kept' if t['filter_kept'] else 'none':>10} {t['elapsed_s']:>8.3f} "
+            f"{t['scan_wall_s']:>11.3f} {t['scan_cpu_s']:>10.3f} {t['splits']:>6} {t['input_rows']:>10,} "
+            f"{t['input_bytes'] / 2**20:>9.2f} {t['rows_after_deletes']:>13,} {deletes:>15}"
+        )
+    lines.append(f"  compaction took {trino['compaction_s']:.1f}s")
+    return lines
 
 
 def write_json(results: dict[str, Any], path: Path) -> None:
