@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -253,10 +254,10 @@ def make_sink(stack: Any, unique_name: Callable[[str], str], tmp_path: Path) -> 
             run.kill()
 
 
-@pytest.fixture
-def cdc(stack: Any) -> Iterator[CdcSource]:
-    """The stack's CDC source (Postgres database `cdc`, Kafka Connect with Debezium); the connectors a
-    test registers are deleted afterwards, with their replication slots, publications and tables."""
+@contextlib.contextmanager
+def open_cdc(stack: Any) -> Iterator[CdcSource]:
+    """The stack's CDC source (Postgres database `cdc`, Kafka Connect with Debezium); the connectors
+    registered through it are deleted at the end, with their replication slots, publications and tables."""
     env = load_stack_env(("ICESINK_CONNECT_URI", "ICESINK_CDC_DSN"))
     source = CdcSource(env["ICESINK_CONNECT_URI"], env["ICESINK_CDC_DSN"], stack.kafka_bootstrap)
     problems = source.problems()
@@ -265,5 +266,14 @@ def cdc(stack: Any) -> Iterator[CdcSource]:
         pytest.fail(
             "the stack's CDC source is not ready (`dev/stack up`):\n  " + "\n  ".join(problems), pytrace=False
         )
-    yield source
-    source.close()
+    try:
+        yield source
+    finally:
+        source.close()
+
+
+@pytest.fixture
+def cdc(stack: Any) -> Iterator[CdcSource]:
+    """:func:`open_cdc` for one test."""
+    with open_cdc(stack) as source:
+        yield source
