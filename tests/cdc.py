@@ -239,8 +239,9 @@ class CdcSource:
                 if time.monotonic() > deadline:
                     raise CdcError(f"{topic}: read {sum(map(len, found.values()))} records, expected {ends}")
                 for message in consumer.consume(500, timeout=1):
-                    if message.error() is None:
-                        found[message.partition()].append((message.offset(), message.key(), message.value()))
+                    partition, offset = message.partition(), message.offset()
+                    if message.error() is None and partition is not None and offset is not None:
+                        found[partition].append((offset, message.key(), message.value()))
             return [(k, v) for p in partitions for _, k, v in sorted(found[p], key=lambda r: r[0])]
         finally:
             consumer.close()
