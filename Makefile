@@ -29,11 +29,11 @@ stack-status:
 
 test: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "not chaos and not bench" --durations=40 $(PYTEST_ARGS)
+	.venv/bin/pytest -m "not chaos and not bench and not slow" --durations=40 $(PYTEST_ARGS)
 
 chaos: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m chaos tests/chaos $(PYTEST_ARGS)
+	.venv/bin/pytest -m "chaos or slow" tests/chaos tests/txnlog $(PYTEST_ARGS)
 
 bench: bootstrap
 	dev/stack up
