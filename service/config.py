@@ -18,7 +18,14 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pyiceberg.types import PrimitiveType
 
+from service.data.columns import (
+    DEFAULT_VARIABLE_SCALE,
+    SchemaError,
+    check_variable_scale_type,
+    parse_iceberg_type,
+)
 from service.units import parse_duration, parse_size
 
 ENV_PREFIX = "ICESINK_"
@@ -76,11 +83,30 @@ class SourceConfig(_Section):
         description="auto: decode batches with pyarrow in one Spark job, and with Spark's decoder any batch "
         "the Arrow decoder declines (a record it can't vouch for); spark: always Spark's decoder.",
     )
+    variable_scale_decimal: str = Field(
+        default=str(DEFAULT_VARIABLE_SCALE),
+        description="The column type of io.debezium.data.VariableScaleDecimal values (PostgreSQL numeric "
+        "without precision and scale, decimal.handling.mode=precise): string, the exact decimal text; or "
+        "decimal(P,S), where a value that does not fit without rounding is a dead letter.",
+    )
 
     @field_validator("max_record_bytes", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int:
         return parse_size(value)
+
+    @field_validator("variable_scale_decimal")
+    @classmethod
+    def _variable_scale(cls, value: str) -> str:
+        try:
+            check_variable_scale_type(parse_iceberg_type(value), "variable_scale_decimal")
+        except SchemaError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def variable_scale_type(self) -> PrimitiveType:
+        return parse_iceberg_type(self.variable_scale_decimal)
 
 
 class ColumnConfig(_Section):

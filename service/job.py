@@ -239,7 +239,7 @@ def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, dict[s
     else:
         schema = peek_schema(config.kafka)
         if schema is not None:
-            declared = columns_from_envelope_schema(schema)
+            declared = columns_from_envelope_schema(schema, variable_scale=config.source.variable_scale_type)
     check_new_table(config, catalog, declared)
     table = ensure_table(catalog, config, declared)
     return table, {c.name: c.encoding for c in declared or []}
@@ -402,7 +402,9 @@ class SinkJob:
         policy = EvolutionPolicy(self.config.table.schema_evolution)
         for text in texts - self.arrow_schemas:
             try:
-                columns = columns_from_envelope_schema(json.loads(text))
+                columns = columns_from_envelope_schema(
+                    json.loads(text), variable_scale=self.config.source.variable_scale_type
+                )
                 evolution = plan(table.schema(), columns)
                 check(evolution, policy, self.config.table.identifier)
             except (SchemaError, ValueError):
@@ -797,7 +799,9 @@ class SinkJob:
         for text in reversed(new):  # oldest first
             table = table or self.catalog.load_table(cfg.identifier)
             try:
-                columns = columns_from_envelope_schema(json.loads(text))
+                columns = columns_from_envelope_schema(
+                    json.loads(text), variable_scale=self.config.source.variable_scale_type
+                )
                 evolution = plan(table.schema(), columns)
                 check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
             except SchemaError as exc:

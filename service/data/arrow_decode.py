@@ -16,9 +16,9 @@ micros, UUID as text), so :func:`service.data.files.write_files` takes either de
 
 from __future__ import annotations
 
-import binascii
 import decimal
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,15 +58,16 @@ from service.data.debezium import (
     TOMBSTONE_EVENT,
     TRUNCATE_OP,
     VALID_OPS,
+    as_text_column,
     spark_type,
+    strict_base64,
     unscaled_decimal,
+    variable_scale_text,
     wire_type,
 )
 from service.data.files import DELETE_OP, OP_COLUMN
 
 _MICROS_PER_DAY = 86_400_000_000
-_FLOAT32_MAX = 3.4028234663852886e38
-_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _ISO_RE2 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -81,6 +82,7 @@ _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
     Encoding.BYTES_BASE64: (BinaryType, FixedType),
     Encoding.DECIMAL_BASE64: (DecimalType,),
     Encoding.DECIMAL_TEXT: (DecimalType,),
+    Encoding.VARIABLE_SCALE_DECIMAL: (DecimalType, StringType),
     Encoding.DATE_DAYS: (DateType,),
     Encoding.TIME_MILLIS: (TimeType,),
     Encoding.TIME_MICROS: (TimeType,),
@@ -201,9 +203,10 @@ def _micros(wire: pa.Array, encoding: Encoding, name: str) -> pa.Array:
 
 
 def _strict_base64(text: str, name: str) -> bytes:
-    if not _BASE64.fullmatch(text):
+    raw = strict_base64(text)
+    if raw is None:
         raise Declined(f"column {name}: a value is not strict base64")
-    return binascii.a2b_base64(text)
+    return raw
 
 
 def _unscaled(wire: pa.Array, column: Column, limit: int) -> list[int | None]:
@@ -240,12 +243,13 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
     return pc.if_else(pc.is_valid(low), values, pa.scalar(None, target)) if low.null_count else values
 
 
-_DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
-_DECIMAL_CONTEXT = decimal.Context(prec=100, rounding=decimal.ROUND_HALF_UP)
+# Digits with an optional fraction and exponent (money comes as a double's text: 1.234567891E7).
+_DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?")
+_DECIMAL_CONTEXT = decimal.Context(prec=100, traps=[decimal.Inexact, decimal.InvalidOperation])
 
 
 def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
-    """decimal.handling.mode=string: plain decimal text, rounded half up to the scale like Spark's cast."""
+    """decimal.handling.mode=string: decimal text, exactly (text that would be rounded declines)."""
     t = column.type
     assert isinstance(t, DecimalType)
     quantum = Decimal(1).scaleb(-t.scale)
@@ -256,12 +260,26 @@ def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
             out.append(None)
             continue
         if len(text) > 80 or not _DECIMAL_TEXT.fullmatch(text):
-            raise Declined(f"column {column.name}: a decimal not written as plain digits")
-        value = _DECIMAL_CONTEXT.quantize(Decimal(text), quantum)
-        if abs(value) >= limit:
+            raise Declined(f"column {column.name}: a decimal not written as digits")
+        value = Decimal(text)
+        if value.copy_abs() >= limit:  # abs() would round to the context's 28 digits
             raise Declined(f"column {column.name}: a decimal out of range for {t}")
-        out.append(value)
+        try:
+            out.append(_DECIMAL_CONTEXT.quantize(value, quantum))
+        except decimal.DecimalException:
+            raise Declined(f"column {column.name}: a decimal that {t} holds only rounded") from None
     return pa.array(out, pa.decimal128(t.precision, t.scale))
+
+
+def _variable_scale_texts(wire: pa.Array, name: str) -> pa.Array:
+    """io.debezium.data.VariableScaleDecimal structs → their exact text."""
+    texts: list[str | None] = []
+    for value in wire.to_pylist():
+        text = None if value is None else variable_scale_text(value["scale"], value["value"])
+        if value is not None and text is None:
+            raise Declined(f"column {name}: a variable-scale decimal that is not {{scale, base64 value}}")
+        texts.append(text)
+    return pa.array(texts, pa.string())
 
 
 def _iso_instants(wire: pa.Array, name: str) -> pa.Array:
@@ -286,6 +304,8 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
     """The wire values as the column's Arrow type; Declined when any one would not convert exactly."""
     enc, name, target = column.encoding, column.name, output_type(column)
     try:
+        if enc is Encoding.VARIABLE_SCALE_DECIMAL:
+            return convert(as_text_column(column), _variable_scale_texts(wire, name))
         if enc is Encoding.DECIMAL_BASE64:
             return _decimals(wire, column)
         if enc is Encoding.DECIMAL_TEXT:
@@ -314,12 +334,49 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
                 raise Declined(f"column {name}: a value that is not a UUID")
             return pc.utf8_lower(wire)
         if isinstance(column.type, FloatType):
-            if pc.any(pc.greater(pc.abs(wire), _FLOAT32_MAX)).as_py():
+            floats = pc.cast(wire, pa.float32(), safe=False)
+            if pc.any(pc.and_(pc.is_inf(floats), pc.invert(pc.is_inf(wire)))).as_py():
                 raise Declined(f"column {name}: a value out of the float range")
-            return pc.cast(wire, pa.float32(), safe=False)
+            return floats
         return pc.cast(wire, target)  # int64 → int32 raises on overflow
     except (pa.ArrowInvalid, OverflowError):
         raise Declined(f"column {name}: a value that does not fit {column.type}") from None
+
+
+_SPECIAL_FLOAT = re.compile(rb'"(?:NaN|-?Infinity)"')
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def special_floats_as_numbers(texts: list[bytes], names: list[str]) -> list[bytes]:
+    """Debezium writes NaN and ±Infinity of a float or double column as JSON strings (``"NaN"``), which
+    Spark's JSON reader takes for a double and pyarrow's does not. The events holding one are written
+    again with the bare tokens pyarrow reads (``NaN``, ``Infinity``), in the images' columns ``names``
+    only; an event that is not plain JSON (invalid, duplicate keys) is left as it is, to be declined."""
+    if not names or not any(_SPECIAL_FLOAT.search(t) for t in texts):
+        return texts
+    out = []
+    for text in texts:
+        try:
+            event = json.loads(text, object_pairs_hook=_unique_keys) if _SPECIAL_FLOAT.search(text) else None
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            out.append(text)
+            continue
+        body = event["payload"] if isinstance(event.get("payload"), dict) else event
+        for image in (body.get("before"), body.get("after")):
+            if isinstance(image, dict):
+                for name in names:
+                    if isinstance(value := image.get(name), str) and value in _SPECIAL_FLOATS:
+                        image[name] = _SPECIAL_FLOATS[value]
+        out.append(json.dumps(event, separators=(",", ":")).encode())
+    return out
 
 
 _SCHEMA_PREFIX = re.compile(rb'\{\s*"schema"\s*:')
@@ -447,6 +504,7 @@ def decode(
             decoded.schemas = schemas
             return decoded
     positions = kafka.select(KAFKA_POSITION)
+    texts = special_floats_as_numbers(texts, [c.name for c in columns if c.encoding is Encoding.FLOATING])
     envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}
     key_table = _parse(

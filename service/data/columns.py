@@ -45,7 +45,8 @@ class Encoding(StrEnum):
     STRING = "string"
     BYTES_BASE64 = "bytes-base64"
     DECIMAL_BASE64 = "decimal-base64"  # org.apache.kafka.connect.data.Decimal
-    DECIMAL_TEXT = "decimal-text"  # decimal.handling.mode=string|double
+    DECIMAL_TEXT = "decimal-text"  # decimal.handling.mode=string
+    VARIABLE_SCALE_DECIMAL = "variable-scale-decimal"  # io.debezium.data.VariableScaleDecimal {scale, value}
     DATE_DAYS = "date-days"
     TIME_MILLIS = "time-millis"
     TIME_MICROS = "time-micros"
@@ -57,6 +58,8 @@ class Encoding(StrEnum):
     UUID_TEXT = "uuid-text"
 
 
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+DEFAULT_VARIABLE_SCALE = StringType()  # its exact text
 # Logical type names (schema.name in the event) and what they become.
 _LOGICAL: dict[str, tuple[Encoding, IcebergType | None]] = {
     "io.debezium.time.Date": (Encoding.DATE_DAYS, DateType()),
@@ -75,6 +78,8 @@ _LOGICAL: dict[str, tuple[Encoding, IcebergType | None]] = {
     "io.debezium.data.Xml": (Encoding.STRING, StringType()),
     "io.debezium.data.Enum": (Encoding.STRING, StringType()),
     "io.debezium.time.ZonedTime": (Encoding.STRING, StringType()),
+    # PostgreSQL numeric without precision: its type is configured (source.variable_scale_decimal).
+    VARIABLE_SCALE_DECIMAL: (Encoding.VARIABLE_SCALE_DECIMAL, None),
 }
 
 _CONNECT_PRIMITIVES: dict[str, tuple[Encoding, IcebergType]] = {
@@ -179,11 +184,28 @@ def column_from_config(name: str, type_text: str, required: bool, encoding: str 
                 f"column {name}: unknown encoding {encoding!r}; use a Debezium logical name "
                 f"({', '.join(sorted(_LOGICAL))}) or one of {[e.value for e in Encoding]}"
             ) from None
+    if enc is Encoding.VARIABLE_SCALE_DECIMAL:
+        check_variable_scale_type(iceberg_type, f"column {name}")
     return Column(name, iceberg_type, required, enc)
 
 
-def column_from_connect(field: dict[str, Any]) -> Column:
-    """Map one field of a Kafka Connect JSON schema (``{"type", "name", "parameters", "optional", "field"}``)."""
+def check_variable_scale_type(iceberg_type: IcebergType, where: str) -> None:
+    """A VariableScaleDecimal lands as its exact text or in a decimal column; nothing else holds it."""
+    if not isinstance(iceberg_type, StringType | DecimalType):
+        raise SchemaError(
+            f"{where}: {VARIABLE_SCALE_DECIMAL} lands in a string or decimal(p,s) column, not {iceberg_type}"
+        )
+
+
+def column_from_connect(
+    field: dict[str, Any], *, variable_scale: PrimitiveType = DEFAULT_VARIABLE_SCALE
+) -> Column:
+    """Map one field of a Kafka Connect JSON schema (``{"type", "name", "parameters", "optional", "field"}``).
+
+    ``variable_scale`` is the type of ``io.debezium.data.VariableScaleDecimal`` fields (PostgreSQL
+    ``numeric`` without precision), which have no scale of their own: string or decimal(p,s)
+    (``source.variable_scale_decimal``).
+    """
     name = field.get("field")
     connect_type = field.get("type")
     logical = field.get("name")
@@ -195,11 +217,8 @@ def column_from_connect(field: dict[str, Any]) -> Column:
         scale = int(params.get("scale", 0))
         precision = int(params.get("connect.decimal.precision", 38))
         return Column(name, DecimalType(min(precision, 38), scale), required, Encoding.DECIMAL_BASE64)
-    if logical == "io.debezium.data.VariableScaleDecimal":
-        raise SchemaError(
-            f"column {name}: io.debezium.data.VariableScaleDecimal has no fixed scale; "
-            "configure the connector with decimal.handling.mode=string or precise column types"
-        )
+    if logical == VARIABLE_SCALE_DECIMAL:
+        return Column(name, variable_scale, required, Encoding.VARIABLE_SCALE_DECIMAL)
     if isinstance(logical, str) and logical in _LOGICAL:
         encoding, iceberg_type = _LOGICAL[logical]
         return Column(name, iceberg_type, required, encoding)  # type: ignore[arg-type]
@@ -211,11 +230,14 @@ def column_from_connect(field: dict[str, Any]) -> Column:
     )
 
 
-def columns_from_envelope_schema(schema: dict[str, Any]) -> list[Column]:
-    """Columns of the ``after`` struct of a Debezium envelope's ``schema`` section."""
+def columns_from_envelope_schema(
+    schema: dict[str, Any], *, variable_scale: PrimitiveType = DEFAULT_VARIABLE_SCALE
+) -> list[Column]:
+    """Columns of the ``after`` struct of a Debezium envelope's ``schema`` section (``variable_scale``:
+    see :func:`column_from_connect`)."""
     for field in schema.get("fields", []):
         if field.get("field") in ("after", "before") and field.get("type") == "struct":
-            return [column_from_connect(f) for f in field.get("fields", [])]
+            return [column_from_connect(f, variable_scale=variable_scale) for f in field.get("fields", [])]
     raise SchemaError("the event's schema section has no 'after'/'before' struct")
 
 

@@ -21,9 +21,13 @@ Each row also carries the event's source position (:data:`SOURCE_COLUMNS`, from 
 from __future__ import annotations
 
 import base64
+import binascii
 import decimal
+import re
+from dataclasses import replace
 from decimal import Decimal
 from functools import partial, reduce
+from typing import Any
 
 import pandas as pd
 from pyiceberg.types import (
@@ -33,6 +37,7 @@ from pyiceberg.types import (
     FloatType,
     IntegerType,
     LongType,
+    StringType,
     TimestampType,
 )
 from pyspark.sql import Column as SparkColumn
@@ -83,6 +88,9 @@ _WIRE_TYPES: dict[Encoding, T.DataType] = {
     Encoding.TIMESTAMP_MILLIS: T.LongType(),
     Encoding.TIMESTAMP_MICROS: T.LongType(),
     Encoding.TIMESTAMP_NANOS: T.LongType(),
+    Encoding.VARIABLE_SCALE_DECIMAL: T.StructType(
+        [T.StructField("scale", T.IntegerType()), T.StructField("value", T.StringType())]
+    ),
 }
 
 
@@ -131,6 +139,33 @@ def unscaled_decimal(unscaled: int, scale: int) -> Decimal | None:
     if not -(10**MAX_DECIMAL_DIGITS) < unscaled < 10**MAX_DECIMAL_DIGITS:
         return None
     return Decimal(unscaled).scaleb(-scale, _DECIMAL_CONTEXT)
+
+
+_STRICT_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+
+
+def strict_base64(text: str) -> bytes | None:
+    """The bytes of padded base64 without whitespace, or None for anything else."""
+    return binascii.a2b_base64(text) if _STRICT_BASE64.fullmatch(text) else None
+
+
+# PostgreSQL's numeric has up to 16383 digits after the point and 131072 before: a VariableScaleDecimal
+# beyond these is not from PostgreSQL, and its text would be unbounded (a scale of 2**31 is 2 GB of zeros).
+_MAX_VARIABLE_SCALE = 16383
+_MAX_VARIABLE_SCALE_BYTES = 64 * 1024  # 157826 digits: PostgreSQL's widest numeric fits
+_EXACT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
+def variable_scale_text(scale: object, value: object) -> str | None:
+    """``io.debezium.data.VariableScaleDecimal`` (``{"scale": s, "value": base64 of the big-endian two's
+    complement unscaled integer}``) → its exact decimal text, without exponent (``1.5``, ``-0.001``,
+    ``100``); None when it is not such a value. Both decoders use it, so they agree by construction."""
+    if not isinstance(scale, int) or not isinstance(value, str) or abs(scale) > _MAX_VARIABLE_SCALE:
+        return None
+    raw = strict_base64(value)
+    if not raw or len(raw) > _MAX_VARIABLE_SCALE_BYTES:
+        return None
+    return format(Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, _EXACT), "f")
 
 
 def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
@@ -192,11 +227,59 @@ def _decimal_udf(scale: int) -> F.UserDefinedFunction:
     return decode
 
 
+@F.pandas_udf(T.StringType())  # type: ignore[call-overload]
+def _variable_scale_texts(values: pd.DataFrame) -> pd.Series:
+    """The text of each VariableScaleDecimal struct (see :func:`variable_scale_text`)."""
+
+    def text(scale: Any, value: Any) -> str | None:  # scale: a float (NaN for null) where any is null
+        return None if pd.isna(scale) else variable_scale_text(int(scale), value)
+
+    return pd.Series(
+        [text(s, v) for s, v in zip(values["scale"], values["value"], strict=True)], dtype=object
+    )
+
+
+def as_text_column(column: Column) -> Column:
+    """A VariableScaleDecimal column once its value is text: a string, or decimal text to convert."""
+    return replace(
+        column, encoding=Encoding.STRING if isinstance(column.type, StringType) else Encoding.DECIMAL_TEXT
+    )
+
+
+# Text that Spark's cast to decimal reads as a number (surrounding spaces, a sign and an exponent
+# allowed): if the cast still gives null, the number is too wide for the column.
+_NUMBER_TEXT_RE = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
+_NUMBER_PARTS_RE = r"^\s*[+-]?([0-9]*)\.?([0-9]*)(?:[eE]([+-]?[0-9]+))?\s*$"
+
+
+def _fits_scale(wire: SparkColumn, scale: int) -> SparkColumn:
+    """Whether a number's text has no non-zero digit beyond ``scale`` digits after the point (so
+    casting it to a decimal of that scale does not round it): the digits after the point less the
+    exponent, less the trailing zeros. False for text that is not a number (see _NUMBER_TEXT_RE)."""
+    whole, fraction, exponent = (F.regexp_extract(wire, _NUMBER_PARTS_RE, i) for i in (1, 2, 3))
+    digits = F.concat(whole, fraction)
+    significant = F.regexp_replace(digits, "0+$", "")
+    power = F.when(exponent == "", F.lit(0)).otherwise(exponent.try_cast(T.IntegerType()))
+    needed = F.length(fraction) - power - (F.length(digits) - F.length(significant))
+    exact = (F.length(significant) == 0) | F.coalesce(needed <= scale, F.lit(False))
+    return wire.rlike(_NUMBER_TEXT_RE) & exact
+
+
+def _float_overflows(wire: SparkColumn) -> SparkColumn:
+    """A finite double that is infinite as a float: Spark's cast makes it ±Infinity without a word."""
+    infinity = F.lit(float("inf"))
+    return (F.abs(wire.cast(T.FloatType())) == infinity) & (F.abs(wire) != infinity)
+
+
 def convert(column: Column, wire: SparkColumn) -> SparkColumn:
     """Expression turning the wire value into the column's type; null when it does not fit."""
     target = spark_type(column)
     enc = column.encoding
     t = column.type
+    if enc is Encoding.DECIMAL_TEXT and isinstance(t, DecimalType):
+        return F.when(_fits_scale(wire, t.scale), wire.try_cast(target))  # never rounded
+    if enc is Encoding.FLOATING and isinstance(t, FloatType):
+        return F.when(~_float_overflows(wire), wire.try_cast(target))
     if enc is Encoding.DECIMAL_BASE64 and isinstance(t, DecimalType):
         if t.precision <= _MAX_LONG_DIGITS:
             return _connect_decimal(wire, t.scale).try_cast(target)
@@ -228,17 +311,26 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
     return wire.try_cast(target)
 
 
-# Text that Spark's cast to decimal reads as a number (surrounding spaces, a sign and an exponent
-# allowed): if the cast still gives null, the number is too wide for the column.
-_NUMBER_TEXT_RE = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
-
-
 def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
     """The dead-letter reason for a present value that did not convert: "out of range" when it is a
-    well-formed number (an integer or decimal too wide for the column), else "does not fit"."""
+    well-formed number (an integer or decimal too wide for the column), "would be rounded" for decimal
+    text with more digits after the point than the column's scale, else "does not fit"."""
     name, value, type_text = F.lit(column.name), wire.cast("string"), F.lit(str(column.type))
     does_not_fit = F.format_string("column %s: value %s does not fit type %s", name, value, type_text)
     out_of_range = F.format_string("column %s: value %s is out of range for %s", name, value, type_text)
+    t = column.type
+    if column.encoding is Encoding.DECIMAL_TEXT and isinstance(t, DecimalType):
+        rounded = F.format_string(
+            "column %s: value %s has more digits after the point than %s holds (it would be rounded)",
+            name,
+            value,
+            type_text,
+        )
+        return (
+            F.when(~wire.rlike(_NUMBER_TEXT_RE), does_not_fit)
+            .when(~_fits_scale(wire, t.scale), rounded)
+            .otherwise(out_of_range)
+        )
     well_formed = {
         Encoding.INTEGER: F.lit(True),  # parsed as a long already: only the range can fail
         Encoding.DECIMAL_BASE64: wire.rlike(_BASE64_RE) & (F.length(wire) > 0),
@@ -392,9 +484,17 @@ def decode(
         wire = F.col(f"kstruct.`{c.name}`") if c.name in key else None
         image_wire = image.getField(c.name)
         wire = F.coalesce(wire, image_wire) if wire is not None else image_wire
-        converted = convert(c, wire)
+        if c.encoding is Encoding.VARIABLE_SCALE_DECIMAL:
+            # {scale, value} → its exact text, then converted like decimal.handling.mode=string's text
+            text, text_column = _variable_scale_texts(wire), as_text_column(c)
+            converted = convert(text_column, text)
+            misfit = F.when(text.isNotNull(), _misfit(text_column, text)).otherwise(
+                _misfit(c, F.to_json(wire))
+            )
+        else:
+            converted, misfit = convert(c, wire), _misfit(c, wire)
         values[c.name] = converted
-        errors.append(F.when(wire.isNotNull() & converted.isNull(), _misfit(c, wire)))
+        errors.append(F.when(wire.isNotNull() & converted.isNull(), misfit))
         if c.name in key:
             errors.append(F.when(wire.isNull(), F.lit(f"key column {c.name} is missing")))
         elif c.required:

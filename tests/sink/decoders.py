@@ -7,6 +7,7 @@ use these helpers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -57,7 +58,10 @@ def comparable(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def normalise(value: Any) -> Any:
-    """Decimals compare by value (Decimal('1.10') == Decimal('1.1') already; normalise for the message)."""
+    """Decimals compare by value (Decimal('1.10') == Decimal('1.1') already; normalise for the message);
+    NaN, which equals nothing (itself included), compares as text."""
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
     return value.normalize() if isinstance(value, Decimal) else value
 
 

@@ -54,6 +54,8 @@ COLUMNS: list[Column] = [
         ("tz", "timestamptz", False, "io.debezium.time.ZonedTimestamp"),
         ("u", "uuid", False, None),
         ("us", "string", False, "uuid-text"),
+        ("vs", "string", False, "io.debezium.data.VariableScaleDecimal"),
+        ("vd", "decimal(20,4)", False, "io.debezium.data.VariableScaleDecimal"),
     ]
 ]
 KEY = ["id"]
@@ -69,8 +71,8 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
     return {
         "id": key,
         "i32": rng.randint(-(2**31), 2**31 - 1),
-        "f32": rng.choice([0.1, -2.5, 3.4e38, 1e-40, 123456.789, 7]),
-        "f64": rng.uniform(-1e300, 1e300),
+        "f32": rng.choice([0.1, -2.5, 3.4e38, 1e-40, 123456.789, 7, "NaN", "Infinity", "-Infinity"]),
+        "f64": rng.choice([rng.uniform(-1e300, 1e300), "NaN", "-Infinity"]),
         "flag": rng.random() < 0.5,
         "s": rng.choice(["héllo", "", 'a"quote', "tab\t", "é\U0001f600"]),
         "req": "x",
@@ -78,7 +80,9 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
         "fx": base64.b64encode(rng.randbytes(4)).decode(),
         "dec": _b64(rng.randint(-(10**12) + 1, 10**12 - 1)),
         "big": _b64(rng.randint(-(10**30) + 1, 10**30 - 1)),
-        "dtext": format(Decimal(rng.randint(-(10**10) + 1, 10**10 - 1)).scaleb(-rng.randint(3, 6)), "f"),
+        # Exact at scale 3 (trailing zeros beyond it are still exact): more digits would be rounded.
+        "dtext": format(Decimal(rng.randint(-(10**10) + 1, 10**10 - 1)).scaleb(-3), "f")
+        + rng.choice(["", "0", "000"]),
         "d": rng.randint(-800_000, 2_900_000),
         "t_ms": rng.randint(0, 86_399_999),
         "t_us": rng.randint(0, 86_399_999_999),
@@ -91,16 +95,35 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
         ),
         "u": "6F9619FF-8B86-D011-B42D-00C04FC964FF",
         "us": "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+        "vs": {"scale": rng.randint(0, 40), "value": _b64(rng.randint(-(10**40), 10**40))},
+        "vd": {"scale": rng.randint(0, 4), "value": _b64(rng.randint(-(10**15), 10**15))},
     }
 
 
 # Values at and over each encoding's edges: the Arrow decoder must decline or agree.
 EDGES: dict[str, list[Any]] = {
     "i32": [2**31 - 1, 2**31, -(2**31) - 1, 1.5, "7", True, None, {"a": 1}],
-    "f32": [3.5e38, -3.5e38, 1e39, 1, "1.0", "NaN", None],
-    "f64": [1e308, 5e-324, 12345678901234567890, "x", None],
+    "f32": [
+        3.5e38,
+        -3.5e38,
+        1e39,
+        3.4028235e38,  # what Debezium sends for the largest real: rounds to the largest float
+        3.4028235677973362e38,  # the largest double that rounds to a finite float
+        3.4028235677973366e38,
+        1.4e-45,
+        1,
+        "1.0",
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "+Infinity",
+        "INF",
+        "nan",
+        None,
+    ],
+    "f64": [1e308, 5e-324, 12345678901234567890, "x", "NaN", "Infinity", "-Infinity", "-NaN", None],
     "flag": ["true", 1, None],
-    "s": [5, 1.5, True, {"a": 1}, [1, 2], None],
+    "s": [5, 1.5, True, {"a": 1}, [1, 2], "NaN", "-Infinity", None],
     "req": [None],
     "raw": ["", "abc", "YWJj", "YW Jj", "YWJj\n", "YWI=", "YWI", "Y===", "****", None],
     "fx": ["", "YWJj", "YWJjZA==", "YWJjZGU=", "YWJjZA", "****", None],
@@ -144,6 +167,41 @@ EDGES: dict[str, list[Any]] = {
         "00012.5",
         "0.00000000000000000000000000000000049",
         "1" * 90,
+        "1.5000000",
+        "1.5E-2",
+        "1.5E-4",
+        "1.234567891E7",
+        "1.2345E3",
+        "1E+2",
+        "1e-999",
+        "1e999",
+        "0E-50",
+        "NAN",
+        None,
+    ],
+    "vs": [
+        {"scale": 0, "value": ""},
+        {"scale": 2},
+        {"value": "AQ=="},
+        {"scale": -3, "value": "AQ=="},
+        {"scale": 16383, "value": "AQ=="},
+        {"scale": 16384, "value": "AQ=="},
+        {"scale": 2**31, "value": "AQ=="},
+        {"scale": 1.5, "value": "AQ=="},
+        {"scale": "1", "value": "AQ=="},
+        {"scale": 1, "value": "AQ"},
+        {"scale": 1, "value": "AQ==", "extra": 1},
+        "1.5",
+        1.5,
+        None,
+    ],
+    "vd": [
+        {"scale": 5, "value": _b64(1)},
+        {"scale": 5, "value": _b64(10)},
+        {"scale": 8, "value": _b64(-(10**20))},
+        {"scale": 0, "value": _b64(10**16)},
+        {"scale": 0, "value": _b64(10**16 - 1)},
+        {"scale": -2, "value": _b64(5)},
         None,
     ],
     "d": [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 0, "0", None],
@@ -429,7 +487,8 @@ def test_both_decoders_keep_the_newest_change_by_source_position(spark: SparkSes
     )
     changes = spark_decode(frame, COLUMNS, KEY, MAX_BYTES, tombstones=True)
     assert changes.where(f"{ERROR_COLUMN} IS NOT NULL").count() == 0
-    kept = spark_latest_per_key(changes.drop(ERROR_COLUMN, "key", "value", "timestamp"), KEY).collect()
+    latest = spark_latest_per_key(changes.drop(ERROR_COLUMN, "key", "value", "timestamp"), KEY)
+    kept = latest.select("id", "topic", "partition", "offset").collect()  # dates may be before year 1
     by_spark = {r["id"]: (r["topic"], r["partition"], r["offset"]) for r in kept}
 
     kafka = pa.table(
@@ -441,7 +500,8 @@ def test_both_decoders_keep_the_newest_change_by_source_position(spark: SparkSes
     )
     decoded = decode([v for _, v, *_ in records], [k for k, *_ in records], kafka, COLUMNS, KEY).rows
     by_arrow = {
-        r["id"]: (r["topic"], r["partition"], r["offset"]) for r in latest_per_key(decoded, KEY).to_pylist()
+        r["id"]: (r["topic"], r["partition"], r["offset"])
+        for r in latest_per_key(decoded, KEY).select(["id", "topic", "partition", "offset"]).to_pylist()
     }
 
     labels = {changes[0][0]: label for label, changes, _ in ORDER_CASES}

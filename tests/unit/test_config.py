@@ -33,6 +33,12 @@ def test_defaults() -> None:
     assert config.dead_letter_topic == "orders.dlq"
     assert config.commit.min_size is None and config.commit.max_period is None
     assert config.kafka.isolation_level == "read_committed"
+    assert config.source.variable_scale_decimal == "string"
+
+
+def test_variable_scale_decimal_is_a_string_or_a_decimal() -> None:
+    config = parse_config(with_(source={"variable_scale_decimal": "decimal(38, 10)"}), env={})
+    assert str(config.source.variable_scale_type) == "decimal(38, 10)"
 
 
 @pytest.mark.parametrize(
@@ -58,6 +64,11 @@ def test_defaults() -> None:
             r"write.compression \(snappy\) and table.properties write.parquet.compression-codec \(gzip\) disagree",
         ),
         (with_(sink_id="has space"), "sink_id"),
+        (
+            with_(source={"variable_scale_decimal": "double"}),
+            "source.variable_scale_decimal: .*string or decimal",
+        ),
+        (with_(source={"variable_scale_decimal": "decimal(39,2)"}), "source.variable_scale_decimal: .*1..38"),
         (
             with_(kafka={"bootstrap_servers": "k", "topics": ["t"], "options": {"isolation.level": "x"}}),
             "kafka.options: .*set kafka.isolation_level instead",

@@ -16,7 +16,7 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 from pyiceberg.typedef import Record
-from pyiceberg.types import DecimalType, LongType, TimestampType, TimestamptzType, UUIDType
+from pyiceberg.types import DecimalType, LongType, StringType, TimestampType, TimestamptzType, UUIDType
 
 from service.data.columns import (
     Encoding,
@@ -52,8 +52,18 @@ def test_connect_logical_types() -> None:
         == UUIDType()
     )
     assert column_from_connect({"field": "n", "type": "int64"}).type == LongType()
-    with pytest.raises(SchemaError, match="VariableScaleDecimal"):
-        column_from_connect({"field": "v", "type": "struct", "name": "io.debezium.data.VariableScaleDecimal"})
+
+
+def test_variable_scale_decimals_land_as_configured() -> None:
+    """numeric without precision has no scale of its own: its exact text, or a configured decimal."""
+    field = {"field": "v", "type": "struct", "name": "io.debezium.data.VariableScaleDecimal"}
+    text = column_from_connect(field)
+    assert text.type == StringType() and text.encoding is Encoding.VARIABLE_SCALE_DECIMAL
+    assert column_from_connect(field, variable_scale=DecimalType(38, 10)).type == DecimalType(38, 10)
+    configured = column_from_config("v", "decimal(20,4)", False, "io.debezium.data.VariableScaleDecimal")
+    assert configured.encoding is Encoding.VARIABLE_SCALE_DECIMAL
+    with pytest.raises(SchemaError, match="string or decimal"):
+        column_from_config("v", "double", False, "io.debezium.data.VariableScaleDecimal")
 
 
 def test_configured_columns() -> None:
