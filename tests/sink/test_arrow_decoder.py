@@ -538,7 +538,13 @@ def test_schema_sections_are_cut_out_and_handed_back() -> None:
     offsets = kafka_positions(list(range(6)))
     with_sections = decode(values, keys, offsets, COLUMNS, KEY, schema_sections=True)
     plain = [json.dumps(_envelope("c", row)).encode() for row in rows]
-    assert with_sections.rows.equals(decode(plain, keys, offsets, COLUMNS, KEY).rows)
+    without = decode(plain, keys, offsets, COLUMNS, KEY).rows
+    assert with_sections.rows.schema == without.schema
+
+    def values(rows: pa.Table) -> list[list[Any]]:  # NaN equals nothing: compared normalised
+        return [[normalise(v) for v in row.values()] for row in comparable(rows)]
+
+    assert values(with_sections.rows) == values(without)
     assert [json.loads(t)["v"] for t in with_sections.schemas] == [1, 2]
 
 
