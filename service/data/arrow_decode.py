@@ -22,7 +22,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from decimal import Decimal
 from functools import reduce
 
@@ -49,6 +48,7 @@ from pyiceberg.types import (
 )
 from pyspark.sql.pandas.types import to_arrow_type
 
+from service.data import temporal
 from service.data.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 from service.data.debezium import (
     CHANGE_ORDER,
@@ -67,10 +67,7 @@ from service.data.debezium import (
 )
 from service.data.files import DELETE_OP, OP_COLUMN
 
-_MICROS_PER_DAY = 86_400_000_000
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-_ISO_RE2 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|[+-]\d{2}:\d{2})$"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _RANK = "__icesink_rank"
 
 # The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
@@ -92,6 +89,7 @@ _SUPPORTED: dict[Encoding, tuple[type[IcebergType], ...]] = {
     Encoding.TIMESTAMP_NANOS: (TimestampType, TimestamptzType),
     Encoding.TIMESTAMP_ISO: (TimestamptzType,),
     Encoding.UUID_TEXT: (UUIDType, StringType),
+    Encoding.DURATION_MICROS: (LongType,),
 }
 
 
@@ -127,7 +125,10 @@ def envelope_schema(columns: list[Column]) -> pa.Schema:
     The source position's fields are parsed as their final types (the Spark decoder takes them as
     text and casts): one of another JSON type declines."""
     row = _row_type(columns)
-    source = pa.struct([(name, to_arrow_type(t)) for name, t in SOURCE_FIELDS.items()])
+    source = pa.struct(
+        [(name, to_arrow_type(t)) for name, t in SOURCE_FIELDS.items()]
+        + [(name, pa.string()) for name in temporal.SNAPSHOT_SOURCE_FIELDS]
+    )
     body = [("before", row), ("after", row), ("op", pa.string()), ("ts_ms", pa.int64()), ("source", source)]
     return pa.schema([("payload", pa.struct(body)), *body])
 
@@ -178,28 +179,6 @@ def _field(struct: pa.Array, name: str) -> pa.Array:
     """A struct's child, null wherever the struct itself is null."""
     child = pc.struct_field(struct, name)
     return pc.if_else(pc.is_valid(struct), child, pa.scalar(None, child.type))
-
-
-def _floor_div_1000(wire: pa.Array) -> pa.Array:
-    """Spark's ``floor(wire / 1000)``: a double division, as the Spark decoder computes it."""
-    as_double = pc.cast(wire, pa.float64(), safe=False)  # rounds above 2**53, as Spark does
-    return pc.cast(pc.floor(pc.divide(as_double, 1000.0)), pa.int64())
-
-
-def _times_1000(wire: pa.Array, name: str) -> pa.Array:
-    try:
-        return pc.multiply_checked(wire, 1000)
-    except pa.ArrowInvalid:
-        raise Declined(f"column {name}: a value overflows when scaled to microseconds") from None
-
-
-def _micros(wire: pa.Array, encoding: Encoding, name: str) -> pa.Array:
-    """Integer times and timestamps in milli-, micro- or nanoseconds → microseconds."""
-    if encoding in (Encoding.TIME_MILLIS, Encoding.TIMESTAMP_MILLIS):
-        return _times_1000(wire, name)
-    if encoding in (Encoding.TIME_NANOS, Encoding.TIMESTAMP_NANOS):
-        return _floor_div_1000(wire)
-    return wire
 
 
 def _strict_base64(text: str, name: str) -> bytes:
@@ -282,30 +261,13 @@ def _variable_scale_texts(wire: pa.Array, name: str) -> pa.Array:
     return pa.array(texts, pa.string())
 
 
-def _iso_instants(wire: pa.Array, name: str) -> pa.Array:
-    matches = pc.match_substring_regex(wire, _ISO_RE2)
-    if pc.any(pc.invert(matches)).as_py():
-        raise Declined(f"column {name}: a timestamp not in the form 2024-01-31T12:00:00[.ffffff](Z|+hh:mm)")
-    micros: list[int | None] = []
-    for text in wire.to_pylist():
-        if text is None:
-            micros.append(None)
-            continue
-        try:
-            instant = datetime.fromisoformat(text)
-        except ValueError:
-            raise Declined(f"column {name}: an invalid timestamp") from None
-        delta = instant - _EPOCH
-        micros.append((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
-    return pa.array(micros, pa.int64())
-
-
-def convert(column: Column, wire: pa.Array) -> pa.Array:
-    """The wire values as the column's Arrow type; Declined when any one would not convert exactly."""
+def convert(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
+    """The wire values as the column's Arrow type; Declined when any one would not convert exactly.
+    ``julian`` marks the events whose timestamps a snapshot read in the Julian calendar."""
     enc, name, target = column.encoding, column.name, output_type(column)
     try:
         if enc is Encoding.VARIABLE_SCALE_DECIMAL:
-            return convert(as_text_column(column), _variable_scale_texts(wire, name))
+            return convert(as_text_column(column), _variable_scale_texts(wire, name), julian)
         if enc is Encoding.DECIMAL_BASE64:
             return _decimals(wire, column)
         if enc is Encoding.DECIMAL_TEXT:
@@ -317,18 +279,8 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
             ):
                 raise Declined(f"column {name}: a value whose length does not fit {column.type}")
             return pa.array(values, pa.binary())
-        if enc is Encoding.DATE_DAYS:
-            return pc.cast(pc.cast(wire, pa.int32()), pa.date32())
-        if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
-            micros = _micros(wire, enc, name)
-            in_day = pc.and_(pc.greater_equal(micros, 0), pc.less(micros, _MICROS_PER_DAY))
-            if pc.any(pc.invert(in_day)).as_py():
-                raise Declined(f"column {name}: a time of day out of range")
-            return micros
-        if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
-            return pc.cast(_micros(wire, enc, name), target)
-        if enc is Encoding.TIMESTAMP_ISO:
-            return pc.cast(_iso_instants(wire, name), target)
+        if enc in temporal.TEMPORAL:
+            return temporal.arrow_convert(column, wire, julian, target)
         if enc is Encoding.UUID_TEXT:
             if pc.any(pc.invert(pc.match_substring_regex(wire, _UUID_RE2))).as_py():
                 raise Declined(f"column {name}: a value that is not a UUID")
@@ -339,6 +291,8 @@ def convert(column: Column, wire: pa.Array) -> pa.Array:
                 raise Declined(f"column {name}: a value out of the float range")
             return floats
         return pc.cast(wire, target)  # int64 → int32 raises on overflow
+    except temporal.Misfit as exc:
+        raise Declined(str(exc)) from None
     except (pa.ArrowInvalid, OverflowError):
         raise Declined(f"column {name}: a value that does not fit {column.type}") from None
 
@@ -528,6 +482,7 @@ def decode(
     if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
         raise Declined("a create/update event without an 'after' image")
 
+    julian = temporal.arrow_julian_snapshot(source)
     key_payload = _column(key_table, "payload")
     has_key_payload = pc.is_valid(key_payload)
     out: dict[str, pa.Array] = {}
@@ -540,7 +495,7 @@ def decode(
                 raise Declined(f"key column {c.name} is missing")
         elif c.required and pc.any(pc.and_(pc.invert(is_delete), pc.is_null(wire))).as_py():
             raise Declined(f"required column {c.name} is null")
-        out[c.name] = convert(c, wire)
+        out[c.name] = convert(c, wire, julian)
     out[OP_COLUMN] = op
     for name, column in zip(SOURCE_FIELDS, SOURCE_COLUMNS, strict=True):
         out[column] = _field(source, name)

@@ -55,6 +55,7 @@ class Encoding(StrEnum):
     TIMESTAMP_MICROS = "timestamp-micros"
     TIMESTAMP_NANOS = "timestamp-nanos"
     TIMESTAMP_ISO = "timestamp-iso"  # io.debezium.time.ZonedTimestamp / IsoTimestamp text
+    DURATION_MICROS = "duration-micros"  # io.debezium.time.MicroDuration: int64 µs, saturating
     UUID_TEXT = "uuid-text"
 
 
@@ -80,6 +81,8 @@ _LOGICAL: dict[str, tuple[Encoding, IcebergType | None]] = {
     "io.debezium.time.ZonedTime": (Encoding.STRING, StringType()),
     # PostgreSQL numeric without precision: its type is configured (source.variable_scale_decimal).
     VARIABLE_SCALE_DECIMAL: (Encoding.VARIABLE_SCALE_DECIMAL, None),
+    "io.debezium.time.MicroDuration": (Encoding.DURATION_MICROS, LongType()),
+    "io.debezium.time.Interval": (Encoding.STRING, StringType()),  # interval.handling.mode=string
 }
 
 _CONNECT_PRIMITIVES: dict[str, tuple[Encoding, IcebergType]] = {

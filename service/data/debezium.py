@@ -38,13 +38,13 @@ from pyiceberg.types import (
     IntegerType,
     LongType,
     StringType,
-    TimestampType,
 )
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from service.data import temporal
 from service.data.columns import Column, Encoding
 from service.data.files import OP_COLUMN
 
@@ -66,6 +66,7 @@ SOURCE_COLUMNS = [f"__icesink_source_{name}" for name in SOURCE_FIELDS]
 # partition come last only to make ties across partitions deterministic.
 CHANGE_ORDER = [*SOURCE_COLUMNS, "offset", "topic", "partition"]
 _ORDER = "__icesink_order"
+_JULIAN = "__icesink_julian"  # the event's timestamps were read in the Julian calendar (a snapshot)
 # What a tombstone decodes as: a delete with neither before image nor source position.
 TOMBSTONE_EVENT = '{"op":"d"}'
 VALID_OPS = ("c", "r", "u", "d")
@@ -75,7 +76,6 @@ TRUNCATE_OP = "t"
 # table's other events unless the topic has one partition, so it is dead-lettered instead, visibly.
 TRUNCATE_REASON = "truncate events are not applied: the table keeps the rows the source truncated"
 _UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-_MICROS_PER_DAY = 86_400_000_000
 
 _WIRE_TYPES: dict[Encoding, T.DataType] = {
     Encoding.INTEGER: T.LongType(),
@@ -91,6 +91,7 @@ _WIRE_TYPES: dict[Encoding, T.DataType] = {
     Encoding.VARIABLE_SCALE_DECIMAL: T.StructType(
         [T.StructField("scale", T.IntegerType()), T.StructField("value", T.StringType())]
     ),
+    Encoding.DURATION_MICROS: T.LongType(),
 }
 
 
@@ -271,8 +272,10 @@ def _float_overflows(wire: SparkColumn) -> SparkColumn:
     return (F.abs(wire.cast(T.FloatType())) == infinity) & (F.abs(wire) != infinity)
 
 
-def convert(column: Column, wire: SparkColumn) -> SparkColumn:
-    """Expression turning the wire value into the column's type; null when it does not fit."""
+def convert(column: Column, wire: SparkColumn, julian: SparkColumn | None = None) -> SparkColumn:
+    """Expression turning the wire value into the column's type; null when it does not fit.
+    ``julian``: the event is a snapshot whose timestamps were read in the Julian calendar
+    (:func:`service.data.temporal.spark_julian_snapshot`)."""
     target = spark_type(column)
     enc = column.encoding
     t = column.type
@@ -289,23 +292,8 @@ def convert(column: Column, wire: SparkColumn) -> SparkColumn:
         if isinstance(t, FixedType):  # bytes of another length do not fit: a dead letter
             return F.when(F.length(raw) == len(t), raw)
         return raw
-    if enc is Encoding.DATE_DAYS:
-        return F.call_function("date_from_unix_date", wire.try_cast(T.IntegerType()))
-    if enc in (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS):
-        micros = {
-            Encoding.TIME_MILLIS: F.try_multiply(wire, F.lit(1000)),  # overflow: null, so a dead letter
-            Encoding.TIME_MICROS: wire,
-            Encoding.TIME_NANOS: F.floor(wire / 1000).cast("long"),
-        }[enc]
-        return F.when((micros >= 0) & (micros < _MICROS_PER_DAY), micros)
-    if enc in (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS):
-        instant = {
-            Encoding.TIMESTAMP_MILLIS: F.call_function("timestamp_micros", F.try_multiply(wire, F.lit(1000))),
-            Encoding.TIMESTAMP_MICROS: F.call_function("timestamp_micros", wire),
-            Encoding.TIMESTAMP_NANOS: F.call_function("timestamp_micros", F.floor(wire / 1000).cast("long")),
-        }[enc]
-        # The session time zone is UTC (see service.job), so the wall clock of the instant is UTC.
-        return instant.cast(T.TimestampNTZType()) if isinstance(t, TimestampType) else instant
+    if enc in temporal.TEMPORAL:
+        return temporal.spark_convert(column, wire, F.lit(False) if julian is None else julian)
     if enc is Encoding.UUID_TEXT:
         return F.when(wire.rlike(_UUID_RE), F.lower(wire))
     return wire.try_cast(target)
@@ -315,6 +303,8 @@ def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
     """The dead-letter reason for a present value that did not convert: "out of range" when it is a
     well-formed number (an integer or decimal too wide for the column), "would be rounded" for decimal
     text with more digits after the point than the column's scale, else "does not fit"."""
+    if column.encoding in temporal.TEMPORAL:
+        return temporal.spark_reason(column, wire)
     name, value, type_text = F.lit(column.name), wire.cast("string"), F.lit(str(column.type))
     does_not_fit = F.format_string("column %s: value %s does not fit type %s", name, value, type_text)
     out_of_range = F.format_string("column %s: value %s is out of range for %s", name, value, type_text)
@@ -434,6 +424,7 @@ def decode(
             source.getField(n).try_cast(t).alias(c)
             for (n, t), c in zip(SOURCE_FIELDS.items(), SOURCE_COLUMNS, strict=True)
         ],
+        temporal.spark_julian_snapshot(envelope("source")).alias(_JULIAN),
         F.col(f"env.{CORRUPT_COLUMN}").alias("value_corrupt"),
         F.when(F.col("kjson.payload").isNotNull(), F.col("kjson.payload"))
         .otherwise(F.struct(*[F.col(f"kjson.`{k}`").alias(k) for k in key]))
@@ -492,7 +483,7 @@ def decode(
                 _misfit(c, F.to_json(wire))
             )
         else:
-            converted, misfit = convert(c, wire), _misfit(c, wire)
+            converted, misfit = convert(c, wire, F.col(_JULIAN)), _misfit(c, wire)
         values[c.name] = converted
         errors.append(F.when(wire.isNotNull() & converted.isNull(), misfit))
         if c.name in key:

@@ -13,9 +13,11 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyiceberg.io.pyarrow as pyiceberg_pyarrow
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent
@@ -29,6 +31,62 @@ OP_COLUMN = "__icesink_op"
 DELETE_OP = "d"
 
 OUTPUT_SCHEMA = "content int, file string"
+
+
+class _Proxy:
+    """Everything of the wrapped pyarrow object, with some of it replaced."""
+
+    def __init__(self, wrapped: Any) -> None:
+        self._wrapped = wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)
+
+
+class _Statistics(_Proxy):
+    """A column chunk's statistics whose min and max of dates, times and timestamps are the stored
+    integers (days, microseconds), which pyiceberg's ``to_bytes`` takes as they are: pyarrow turns them
+    into Python ``date``/``datetime`` objects, which end at the year 9999 and start at 1, and raises
+    for a BC timestamp or the date 5874897-12-31, failing the batch at every retry."""
+
+    @property
+    def min(self) -> Any:
+        return self._wrapped.min_raw if self._temporal() else self._wrapped.min
+
+    @property
+    def max(self) -> Any:
+        return self._wrapped.max_raw if self._temporal() else self._wrapped.max
+
+    def _temporal(self) -> bool:
+        return self._wrapped.logical_type.type in ("DATE", "TIME", "TIMESTAMP")
+
+
+class _ColumnChunk(_Proxy):
+    @property
+    def statistics(self) -> Any:
+        return _Statistics(self._wrapped.statistics)
+
+
+class _RowGroup(_Proxy):
+    def column(self, i: int) -> Any:
+        return _ColumnChunk(self._wrapped.column(i))
+
+
+class _FileMetaData(_Proxy):
+    def row_group(self, i: int) -> Any:
+        return _RowGroup(self._wrapped.row_group(i))
+
+
+_pyiceberg_statistics = pyiceberg_pyarrow.data_file_statistics_from_parquet_metadata
+
+
+def _statistics(parquet_metadata: Any, *args: Any, **kwargs: Any) -> Any:
+    """pyiceberg's column statistics of a written file, over :class:`_Statistics`."""
+    return _pyiceberg_statistics(_FileMetaData(parquet_metadata), *args, **kwargs)
+
+
+# pyiceberg's Parquet writer looks the function up in its module when it closes a file.
+pyiceberg_pyarrow.data_file_statistics_from_parquet_metadata = _statistics
 
 
 @dataclass(frozen=True)

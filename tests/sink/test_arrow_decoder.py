@@ -56,6 +56,7 @@ COLUMNS: list[Column] = [
         ("us", "string", False, "uuid-text"),
         ("vs", "string", False, "io.debezium.data.VariableScaleDecimal"),
         ("vd", "decimal(20,4)", False, "io.debezium.data.VariableScaleDecimal"),
+        ("dur", "long", False, "io.debezium.time.MicroDuration"),
     ]
 ]
 KEY = ["id"]
@@ -97,6 +98,7 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
         "us": "6f9619ff-8b86-d011-b42d-00c04fc964ff",
         "vs": {"scale": rng.randint(0, 40), "value": _b64(rng.randint(-(10**40), 10**40))},
         "vd": {"scale": rng.randint(0, 4), "value": _b64(rng.randint(-(10**15), 10**15))},
+        "dur": rng.randint(-(2**62), 2**62),
     }
 
 
@@ -204,12 +206,25 @@ EDGES: dict[str, list[Any]] = {
         {"scale": -2, "value": _b64(5)},
         None,
     ],
-    "d": [2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 0, "0", None],
+    # PostgreSQL's first and last dates, and what Debezium sends for 'infinity' and '-infinity' (its
+    # stream, then its snapshot).
+    "d": [
+        *(2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 0, "0", None),
+        *(-2_440_588, -2_440_589, 2_145_042_905, 2_145_042_906),
+        *(-2_147_472_692, -2_147_472_691, -622_191_234, -625_821_272),
+    ],
     "t_ms": [-1, 0, 86_399_999, 86_400_000, 2**60, None],
     "t_us": [-1, 86_399_999_999, 86_400_000_000, None],
     "t_ns": [-1, 86_399_999_999_999, 86_399_999_999_999_999, 999, None],
-    "ts_ms": [2**62, -(2**62), 9_223_372_036_854_775, 9_223_372_036_854_776, None],
-    "ts_us": [2**63 - 1, -(2**63), 1.5, None],
+    # Debezium's 'infinity' and '-infinity', PostgreSQL's last timestamp (beyond int64 µs), its first.
+    "ts_ms": [
+        *(2**62, -(2**62), 9_223_372_036_854_775, 9_223_372_036_854_776, None),
+        *(9_223_372_036_825_200, -9_223_372_036_832_400, 9_224_318_015_999_999, -210_866_803_200_000),
+    ],
+    "ts_us": [
+        *(2**63 - 1, -(2**63), 1.5, None, 9_223_372_036_825_200_000, -9_223_372_036_832_400_000),
+        *(-210_866_803_200_000_000, -210_866_803_200_000_001, -9_223_372_036_853_775_810),
+    ],
     "ts_ns": [1_700_000_000_123_456_789, -1, -999, -1000, -1001, 2**63 - 1, None],
     "tz": [
         "2024-02-29T23:59:58Z",
@@ -223,7 +238,23 @@ EDGES: dict[str, list[Any]] = {
         "2024-01-01T24:00:00Z",
         "x",
         None,
+        "infinity",
+        "-infinity",
+        "-4712-01-01T00:00:00.000000Z",
+        "0000-12-31T23:59:59Z",
+        "+10000-01-01T00:00:00Z",
+        "10000-01-01T00:00:00Z",
+        "-4713-11-24T00:00:00Z",
+        "-4713-11-23T23:59:59.999999Z",
+        "+294247-01-10T04:00:54.775807Z",
+        "+294247-01-10T04:00:54.775808Z",
+        "+294276-12-31T23:59:59.999999Z",
+        "-290308-12-21T19:59:05.224192Z",
+        "1000-02-29T00:00:00Z",
+        "2024-01-01T00:00:00+18:00",
+        "2024-01-01T00:00:00-18:30",
     ],
+    "dur": [2**63 - 1, -(2**63), -(2**63) + 1, 0, None],
     "u": [
         "6f9619ff-8b86-d011-b42d-00c04fc964fg",
         "6f9619ff8b86d011b42d00c04fc964ff",
@@ -265,6 +296,37 @@ def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
             {"schema": {"type": "struct"}, "payload": {"id": i}},
             {"schema": {"x": 1}, "payload": _envelope(op, row)},
         )
+    # Timestamps of the Julian era as Debezium's PostgreSQL snapshots before 3.6 read them, in events
+    # of such a snapshot (undone) and of others (kept): 1000-01-01 12:00, 4714-11-24 BC, 1582-10-14.
+    julian = [
+        (-30_609_748_800_000_000, "1000-01-06T12:00:00.000000Z"),
+        (-210_870_086_400_000_000, "-4713-10-17T00:00:00Z"),
+    ]
+    julian.append((-12_219_379_200_000_000, "1582-10-14T00:00:00Z"))
+    for connector, snapshot, version in [
+        ("postgresql", "true", "3.4.3.Final"),
+        ("postgresql", "last", "2.7.4.Final"),
+        ("postgresql", "incremental", "3.6.0.Beta1"),
+        ("postgresql", "true", "3.6.0.Beta2"),
+        ("postgresql", "true", "3.10.0.Final"),
+        ("postgresql", "false", "3.4.3.Final"),
+        ("mysql", "true", "3.4.3.Final"),
+        ("postgresql", None, "3.4.3.Final"),
+        ("postgresql", True, "3.4.3.Final"),
+    ]:
+        for micros, text in julian:
+            row = {
+                **_good_row(rng, 4000),
+                "ts_us": micros,
+                "ts_ms": micros // 1000,
+                "tz": text,
+            }
+            source = {"connector": connector, "snapshot": snapshot, "version": version, "lsn": 5}
+            add(
+                f"snapshot {connector} {snapshot} {version} {text}",
+                {"id": 4000},
+                _envelope("r", row, source=source),
+            )
     for column, values in EDGES.items():
         for value in values:
             row = {**_good_row(rng, 1000), column: value}
@@ -339,6 +401,40 @@ def _corpus() -> list[tuple[str, bytes | None, bytes | None]]:
 @pytest.fixture(scope="module")
 def spark_decoded(spark: SparkSession) -> dict[int, dict[str, Any]]:
     return decode_with_spark(spark, [(k, v) for _, k, v in _corpus()], COLUMNS, KEY, MAX_BYTES)
+
+
+def test_julian_snapshot_timestamps_are_undone(spark_decoded: dict[int, dict[str, Any]]) -> None:
+    """Debezium's PostgreSQL snapshots before 3.6 read timestamps of the Julian era in the Julian
+    calendar: those events' values come back as the source holds them (1000-01-01 12:00 was sent as
+    1000-01-06 12:00), every other event's stay as they are."""
+    # What the snapshot sent (ZonedTimestamp text) -> (the same in microseconds, the source's value)
+    cases = {
+        "1000-01-06T12:00:00.000000Z": (-30_609_748_800_000_000, -30_610_180_800_000_000),  # 1000-01-01
+        "-4713-10-17T00:00:00Z": (-210_870_086_400_000_000, -210_866_803_200_000_000),  # 4714-11-24 BC
+        "1582-10-14T00:00:00Z": (-12_219_379_200_000_000, -12_220_243_200_000_000),  # 1582-10-04
+    }
+    undone = (
+        "postgresql true 3.4.3.Final",
+        "postgresql last 2.7.4.Final",
+        "postgresql incremental 3.6.0.Beta1",
+        "postgresql True 3.4.3.Final",  # early releases sent the flag as a JSON boolean
+    )
+    checked = 0
+    for offset, (label, _, _) in enumerate(_corpus()):
+        if not label.startswith("snapshot "):
+            continue
+        text = label.rsplit(" ", 1)[1]
+        sent, source = cases[text]
+        row = spark_decoded[offset]
+        got = (row["ts_us"], row["ts_ms"], row["tz"])  # as microseconds (see _comparable)
+        if any(label.startswith(f"snapshot {u} ") for u in undone):
+            assert got == (source, source, source), (label, got, row[ERROR_COLUMN])
+        elif sent < -210_866_803_200_000_000:  # before PostgreSQL's first timestamp, unless undone
+            assert "out of range" in row[ERROR_COLUMN], (label, row[ERROR_COLUMN])
+        else:
+            assert got == (sent, sent, sent), (label, got, row[ERROR_COLUMN])
+        checked += 1
+    assert checked == 27
 
 
 def test_every_column_has_an_arrow_decoder() -> None:
