@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tests.cdc import CdcSource, differences
+from tests.cdc import CdcSource, differences, write_corpus
 from tests.readers import duckdb_connect, duckdb_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import topic_records
@@ -167,6 +167,14 @@ DEAD: dict[int, tuple[dict[str, str], str]] = {
     31: ({"iv": "178000000 years"}, r"column iv: .*interval"),
 }
 STREAMED = 100  # a streamed copy of row n has id n + STREAMED
+# The dead letters' reasons, as the corpus files of these captures expect them.
+TEMPORAL_LETTERS = [
+    "'infinity'",
+    "is out of range for",
+    "is outside PostgreSQL's dates",
+    "MicroDuration saturated",
+]
+TIME_LETTERS = ["24:00:00 has no Iceberg time"]
 
 
 def _insert(
@@ -271,6 +279,12 @@ def test_pg_dates_and_times_land_as_the_source_holds_them(
         cdc.execute(statement)
     connector.wait_for_events(table, 2 * (len(ROWS) + len(DEAD)) + len(STREAMED_ROWS) + 2 + 2)  # + tombstone
     connector.wait_for_events(times, 2 * (len(TIMES) + len(DEAD_TIMES)))
+    for name, corpus, letters in (
+        (table, "pg-temporal", TEMPORAL_LETTERS),
+        (times, "pg-times", TIME_LETTERS),
+    ):
+        description = f"PostgreSQL {corpus[3:]}: schemas on, time.precision.mode=adaptive, interval numeric"
+        write_corpus(corpus, description, ["id"], cdc.records(connector.topic(name)), dead_letters=letters)
 
     sinks = [
         make_sink(
