@@ -83,12 +83,6 @@ TEMPORAL = frozenset(
     }
 )
 _TIMES = (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS)
-_TIMESTAMPS = (
-    Encoding.TIMESTAMP_MILLIS,
-    Encoding.TIMESTAMP_MICROS,
-    Encoding.TIMESTAMP_NANOS,
-    Encoding.TIMESTAMP_ISO,
-)
 _MILLIS = (Encoding.TIME_MILLIS, Encoding.TIMESTAMP_MILLIS)
 _NANOS = (Encoding.TIME_NANOS, Encoding.TIMESTAMP_NANOS)
 # ZonedTimestamp text as Debezium writes it: a year of 4 digits (a sign for 5 or more, or below 0).
@@ -134,7 +128,7 @@ def julian_to_gregorian(micros: Any) -> Any:
 
 def iso_micros(text: str) -> int | None:
     """ZonedTimestamp text → microseconds since 1970-01-01 UTC, or None when it is not a valid one."""
-    match = _ISO.match(text)
+    match = _ISO.fullmatch(text)
     if match is None:
         return None
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
