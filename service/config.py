@@ -106,7 +106,9 @@ class SourceConfig(_Section):
 
     @property
     def variable_scale_type(self) -> PrimitiveType:
-        return parse_iceberg_type(self.variable_scale_decimal)
+        parsed = parse_iceberg_type(self.variable_scale_decimal)
+        assert isinstance(parsed, PrimitiveType)  # string or decimal(p,s): checked above
+        return parsed
 
 
 class ColumnConfig(_Section):

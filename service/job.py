@@ -209,7 +209,7 @@ def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column]
     Otherwise the error surfaces halfway: after the namespace was created, or (a transform that does
     not fit its column's type) after the table was created without its partitioning.
     """
-    from service.data.columns import SchemaError
+    from service.data.columns import SchemaError, check_key_types
 
     cfg = config.table
     if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
@@ -221,6 +221,7 @@ def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column]
     missing = [k for k in cfg.key if k not in types]
     if missing:
         raise SchemaError(f"table.key: column(s) {missing} are not among the columns {sorted(types)}")
+    check_key_types(types, cfg.key)
     for text in cfg.partition_by:
         column, transform = parse_partition_field(text)
         if column not in types:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from uuid import UUID
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -340,12 +341,21 @@ def differences(
     With a `key` (upsert mode) rows are matched by it; without one (append mode, where a key has a row
     per version) the two must hold the same rows the same number of times. Values must be equal and
     of the same Python type. A timestamptz is compared as an instant: pyspark returns it as a naive
-    datetime in the local time of its process, which ``astimezone`` reads as such.
+    datetime in the local time of its process, which ``astimezone`` reads as such. A uuid is compared
+    as its text: Spark has no UUID type and returns the text. Lists (PostgreSQL arrays) are compared
+    element by element, in order, with the same rules.
     """
-    zoned = {c for row in source for c, v in row.items() if isinstance(v, datetime) and v.tzinfo is not None}
+    zoned = {c for row in source for c, v in row.items() if _is_zoned(v)}
+
+    def normal(v: Any, zoned: bool) -> Any:
+        if isinstance(v, list):
+            return [normal(e, zoned) for e in v]
+        if zoned and isinstance(v, datetime):
+            return v.astimezone(UTC)
+        return str(v) if isinstance(v, UUID) else v
 
     def comparable(row: dict[str, Any]) -> dict[str, Any]:
-        return {c: v.astimezone(UTC) if c in zoned and isinstance(v, datetime) else v for c, v in row.items()}
+        return {c: normal(v, c in zoned) for c, v in row.items()}
 
     want, got = [comparable(r) for r in source], [comparable(r) for r in table]
     if key is None:
@@ -368,9 +378,23 @@ def differences(
         found += [
             f"{reader}: {key}={k} {column}: source {value!r}, table {actual[column]!r}"
             for column, value in expected.items()
-            if value != actual[column] or type(value) is not type(actual[column])
+            if not _same(value, actual[column])
         ]
     return found
+
+
+def _same(expected: Any, actual: Any) -> bool:
+    """Equal and of the same Python type, element by element for lists."""
+    if isinstance(expected, list) and isinstance(actual, list):
+        return len(expected) == len(actual) and all(map(_same, expected, actual))
+    return bool(expected == actual) and type(expected) is type(actual)
+
+
+def _is_zoned(value: Any) -> bool:
+    """A timestamptz, or a list holding one."""
+    if isinstance(value, list):
+        return any(_is_zoned(v) for v in value)
+    return isinstance(value, datetime) and value.tzinfo is not None
 
 
 def _fingerprint(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:

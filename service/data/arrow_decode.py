@@ -59,11 +59,11 @@ from service.data.debezium import (
     TRUNCATE_OP,
     VALID_OPS,
     as_text_column,
+    column_wire_type,
     spark_type,
     strict_base64,
     unscaled_decimal,
     variable_scale_text,
-    wire_type,
 )
 from service.data.files import DELETE_OP, OP_COLUMN
 
@@ -98,16 +98,18 @@ class Declined(ValueError):
 
 
 def unsupported(columns: list[Column]) -> str | None:
-    """Why this decoder can't take these columns at all, or None when it can."""
+    """Why this decoder can't take these columns at all, or None when it can (a list column: when it
+    can take its elements)."""
     for c in columns:
-        if not isinstance(c.type, _SUPPORTED.get(c.encoding, ())):
+        scalar = c.element() if c.is_list else c
+        if not isinstance(scalar.type, _SUPPORTED.get(scalar.encoding, ())):
             return f"column {c.name} ({c.type}, encoded as {c.encoding}) has no Arrow decoder"
     return None
 
 
-def _wire_type(encoding: Encoding) -> pa.DataType:
+def _wire_type(column: Column) -> pa.DataType:
     """The Arrow type of the JSON value before conversion: that of Spark's decoder (its wire type)."""
-    return to_arrow_type(wire_type(encoding))
+    return to_arrow_type(column_wire_type(column))
 
 
 def output_type(column: Column) -> pa.DataType:
@@ -117,7 +119,7 @@ def output_type(column: Column) -> pa.DataType:
 
 
 def _row_type(columns: list[Column]) -> pa.StructType:
-    return pa.struct([pa.field(c.name, _wire_type(c.encoding)) for c in columns])
+    return pa.struct([pa.field(c.name, _wire_type(c)) for c in columns])
 
 
 def envelope_schema(columns: list[Column]) -> pa.Schema:
@@ -261,9 +263,23 @@ def _variable_scale_texts(wire: pa.Array, name: str) -> pa.Array:
     return pa.array(texts, pa.string())
 
 
+def _convert_list(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
+    """A list's elements converted as a scalar column of the element type (each with its event's
+    ``julian`` mark), in lists of the same lengths; a null list stays null."""
+    element = column.element()
+    if element.required and pc.any(pc.is_null(pc.list_flatten(wire))).as_py():
+        raise Declined(f"column {column.name}: a null element in a list of required elements")
+    lengths = pc.fill_null(pc.list_value_length(wire), 0).to_numpy(zero_copy_only=False)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
+    values = convert(element, pc.list_flatten(wire), np.repeat(julian, lengths))
+    return pa.ListArray.from_arrays(offsets, values, type=output_type(column), mask=pc.is_null(wire))
+
+
 def convert(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
     """The wire values as the column's Arrow type; Declined when any one would not convert exactly.
     ``julian`` marks the events whose timestamps a snapshot read in the Julian calendar."""
+    if column.is_list:
+        return _convert_list(column, wire, julian)
     enc, name, target = column.encoding, column.name, output_type(column)
     try:
         if enc is Encoding.VARIABLE_SCALE_DECIMAL:

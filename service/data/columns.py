@@ -25,6 +25,7 @@ from pyiceberg.types import (
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
     NestedField,
     PrimitiveType,
@@ -133,6 +134,7 @@ _SIMPLE_TYPES: dict[str, IcebergType] = {
     "uuid": UUIDType(),
 }
 _DECIMAL_RE = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+_LIST_RE = re.compile(r"^list\s*<(.*)>$")
 _FIXED_RE = re.compile(r"^fixed\[\s*(\d+)\s*\]$")
 
 
@@ -140,10 +142,18 @@ class SchemaError(ValueError):
     """A schema (configured, in an event, or in the table) that icesink can't use as it is."""
 
 
+# Element ids of the list types built from events or configuration: a table's own element ids are
+# assigned when the column is created (iceberg_schema, or the catalog's schema update).
+UNASSIGNED_ID = 0
+
+
 @dataclass(frozen=True)
 class Column:
+    """A table column: its Iceberg type (a primitive, or a list of a primitive), whether it is required,
+    and how its value travels in the event (for a list: how each of its elements travels)."""
+
     name: str
-    type: PrimitiveType
+    type: PrimitiveType | ListType
     required: bool
     encoding: Encoding
 
@@ -151,9 +161,25 @@ class Column:
     def is_decimal(self) -> bool:
         return isinstance(self.type, DecimalType)
 
+    @property
+    def is_list(self) -> bool:
+        return isinstance(self.type, ListType)
 
-def parse_iceberg_type(text: str) -> PrimitiveType:
-    """``long``, ``decimal(10,2)``, ``fixed[16]``, ... → the pyiceberg type."""
+    def element(self) -> Column:
+        """A list's elements as a column of their own, named as Iceberg names the element field
+        (``tags.element``): the decoders convert each element as they convert a scalar column."""
+        if not isinstance(self.type, ListType):
+            raise TypeError(f"column {self.name} ({self.type}) is not a list")
+        element_type = self.type.element_type
+        assert isinstance(element_type, PrimitiveType)  # nested lists are refused where columns are made
+        return Column(f"{self.name}.element", element_type, self.type.element_required, self.encoding)
+
+
+def list_of(element: PrimitiveType, element_required: bool = False) -> ListType:
+    return ListType(element_id=UNASSIGNED_ID, element=element, element_required=element_required)
+
+
+def _parse_primitive(text: str) -> PrimitiveType:
     key = text.strip().lower()
     if key in _SIMPLE_TYPES:
         return _SIMPLE_TYPES[key]  # type: ignore[return-value]
@@ -165,11 +191,25 @@ def parse_iceberg_type(text: str) -> PrimitiveType:
     if match := _FIXED_RE.match(key):
         return FixedType(int(match.group(1)))
     raise SchemaError(
-        f"unknown column type {text!r}; use one of {sorted(_SIMPLE_TYPES)}, decimal(p,s), fixed[n]"
+        f"unknown column type {text!r}; use one of {sorted(_SIMPLE_TYPES)}, decimal(p,s), fixed[n], "
+        "or list<...> of one of them"
     )
 
 
+def parse_iceberg_type(text: str) -> PrimitiveType | ListType:
+    """``long``, ``decimal(10,2)``, ``fixed[16]``, ``list<int>`` (optional elements) ... → the pyiceberg
+    type. Lists of lists are refused: a PostgreSQL array of any dimension arrives as one flat list."""
+    if match := _LIST_RE.match(text.strip().lower()):
+        if _LIST_RE.match(match.group(1).strip()):
+            raise SchemaError(f"column type {text!r}: lists of lists are not supported")
+        return list_of(_parse_primitive(match.group(1)))
+    return _parse_primitive(text)
+
+
 def default_encoding(iceberg_type: IcebergType) -> Encoding:
+    """How a value of this type travels unless told otherwise (a list: how its elements travel)."""
+    if isinstance(iceberg_type, ListType):
+        return default_encoding(iceberg_type.element_type)
     return _DEFAULT_ENCODING.get(type(iceberg_type), Encoding.STRING)
 
 
@@ -188,7 +228,8 @@ def column_from_config(name: str, type_text: str, required: bool, encoding: str 
                 f"({', '.join(sorted(_LOGICAL))}) or one of {[e.value for e in Encoding]}"
             ) from None
     if enc is Encoding.VARIABLE_SCALE_DECIMAL:
-        check_variable_scale_type(iceberg_type, f"column {name}")
+        element = iceberg_type.element_type if isinstance(iceberg_type, ListType) else iceberg_type
+        check_variable_scale_type(element, f"column {name}")
     return Column(name, iceberg_type, required, enc)
 
 
@@ -215,6 +256,8 @@ def column_from_connect(
     if not isinstance(name, str) or not isinstance(connect_type, str):
         raise SchemaError(f"schema field without a name or type: {field}")
     required = not field.get("optional", True)
+    if connect_type == "array":
+        return _list_from_connect(name, field.get("items"), required, variable_scale)
     if logical == "org.apache.kafka.connect.data.Decimal":
         params = field.get("parameters") or {}
         scale = int(params.get("scale", 0))
@@ -233,6 +276,18 @@ def column_from_connect(
     )
 
 
+def _list_from_connect(name: str, items: Any, required: bool, variable_scale: PrimitiveType) -> Column:
+    """A Kafka Connect array → a list column whose elements are mapped like a scalar column of the
+    ``items`` schema (optional elements unless the items say otherwise). Debezium sends a PostgreSQL
+    array of any dimension as one flat array (see docs/types.md), so arrays of arrays never come."""
+    if not isinstance(items, dict):
+        raise SchemaError(f"column {name}: an array schema without an items schema")
+    element = column_from_connect({**items, "field": f"{name}.element"}, variable_scale=variable_scale)
+    if not isinstance(element.type, PrimitiveType):
+        raise SchemaError(f"column {name}: arrays of {items.get('type')} are not supported")
+    return Column(name, list_of(element.type, element.required), required, element.encoding)
+
+
 def columns_from_envelope_schema(
     schema: dict[str, Any], *, variable_scale: PrimitiveType = DEFAULT_VARIABLE_SCALE
 ) -> list[Column]:
@@ -248,11 +303,27 @@ def columns_for_table(schema: Schema, encodings: dict[str, Encoding] | None = No
     """Columns of an existing table, with encodings from the events' schema where known."""
     result = []
     for field in schema.fields:
-        if not isinstance(field.field_type, PrimitiveType):
-            raise SchemaError(f"column {field.name}: nested type {field.field_type} is not supported")
-        encoding = (encodings or {}).get(field.name) or default_encoding(field.field_type)
-        result.append(Column(field.name, field.field_type, field.required, encoding))
+        field_type = field.field_type
+        if not (
+            isinstance(field_type, PrimitiveType)
+            or (isinstance(field_type, ListType) and isinstance(field_type.element_type, PrimitiveType))
+        ):
+            raise SchemaError(
+                f"column {field.name}: nested type {field_type} is not supported (only lists of primitives)"
+            )
+        encoding = (encodings or {}).get(field.name) or default_encoding(field_type)
+        result.append(Column(field.name, field_type, field.required, encoding))
     return result
+
+
+def check_key_types(types: Mapping[str, IcebergType], key: list[str]) -> None:
+    """Key columns must be primitives: Iceberg's identifier fields can't be lists (nor can the
+    equality deletes that match rows by key)."""
+    nested = [f"{k} ({types[k]})" for k in key if k in types and not isinstance(types[k], PrimitiveType)]
+    if nested:
+        raise SchemaError(
+            f"key column(s) {', '.join(nested)} are not primitive: a key column can't be a list"
+        )
 
 
 def with_encodings(columns: list[Column], encodings: Mapping[str, Encoding]) -> list[Column]:
@@ -267,8 +338,19 @@ def iceberg_schema(columns: list[Column], key: list[str]) -> Schema:
     missing = [k for k in key if k not in names]
     if missing:
         raise SchemaError(f"key column(s) {missing} are not among the columns {names}")
+    check_key_types({c.name: c.type for c in columns}, key)
+    element_ids = iter(range(len(columns) + 1, 2 * len(columns) + 1))  # after the columns' ids
     fields = [
-        NestedField(field_id=i + 1, name=c.name, field_type=c.type, required=c.required or c.name in key)
+        NestedField(
+            field_id=i + 1,
+            name=c.name,
+            field_type=(
+                ListType(next(element_ids), c.type.element_type, c.type.element_required)
+                if isinstance(c.type, ListType)
+                else c.type
+            ),
+            required=c.required or c.name in key,
+        )
         for i, c in enumerate(columns)
     ]
     ids = [f.field_id for f in fields if f.name in key]

@@ -100,8 +100,18 @@ def wire_type(encoding: Encoding) -> T.DataType:
     return _WIRE_TYPES.get(encoding, T.StringType())
 
 
+def column_wire_type(column: Column) -> T.DataType:
+    """The Spark type a column's JSON value is parsed into: its encoding's wire type, or for a list
+    column an array of it."""
+    element = wire_type(column.encoding)
+    return T.ArrayType(element) if column.is_list else element
+
+
 def spark_type(column: Column) -> T.DataType:
-    """The Spark type of a converted column (TIME travels as int64 micros, UUID as text)."""
+    """The Spark type of a converted column (TIME travels as int64 micros, UUID as text; a list as an
+    array of its converted elements)."""
+    if column.is_list:
+        return T.ArrayType(spark_type(column.element()))
     t = column.type
     if isinstance(t, IntegerType):
         return T.IntegerType()
@@ -240,10 +250,25 @@ def _variable_scale_texts(values: pd.DataFrame) -> pd.Series:
     )
 
 
+@F.pandas_udf(T.ArrayType(T.StringType()))  # type: ignore[call-overload]
+def _variable_scale_text_lists(lists: pd.Series) -> pd.Series:
+    """:func:`_variable_scale_texts` of each element of a list column (a Python UDF can't run inside
+    ``transform``'s lambda)."""
+
+    def texts(values: Any) -> list[str | None] | None:
+        if values is None:
+            return None
+        return [None if v is None else variable_scale_text(v["scale"], v["value"]) for v in values]
+
+    return lists.map(texts)
+
+
 def as_text_column(column: Column) -> Column:
-    """A VariableScaleDecimal column once its value is text: a string, or decimal text to convert."""
+    """A VariableScaleDecimal column once its value (each element's, for a list) is text: a string, or
+    decimal text to convert."""
+    scalar = column.element() if column.is_list else column
     return replace(
-        column, encoding=Encoding.STRING if isinstance(column.type, StringType) else Encoding.DECIMAL_TEXT
+        column, encoding=Encoding.STRING if isinstance(scalar.type, StringType) else Encoding.DECIMAL_TEXT
     )
 
 
@@ -272,10 +297,40 @@ def _float_overflows(wire: SparkColumn) -> SparkColumn:
     return (F.abs(wire.cast(T.FloatType())) == infinity) & (F.abs(wire) != infinity)
 
 
+def _decimal_list_udf(scale: int) -> F.UserDefinedFunction:
+    """:func:`_decimal_udf` for a list column: a Python UDF can't run inside ``transform``'s lambda."""
+
+    @F.pandas_udf(T.ArrayType(T.DecimalType(MAX_DECIMAL_DIGITS, scale)))  # type: ignore[call-overload]
+    def decode(lists: pd.Series) -> pd.Series:
+        return lists.map(
+            lambda values: (
+                None if values is None else list(_unscaled_to_decimal(pd.Series(values, dtype=object), scale))
+            )
+        )
+
+    return decode
+
+
+def _convert_list(column: Column, wire: SparkColumn, julian: SparkColumn | None) -> SparkColumn:
+    """A list's elements, each converted as a scalar column of the element type; a null list stays null."""
+    element = column.element()
+    t = element.type
+    if (
+        element.encoding is Encoding.DECIMAL_BASE64
+        and isinstance(t, DecimalType)
+        and t.precision > _MAX_LONG_DIGITS
+    ):
+        return _decimal_list_udf(t.scale)(wire).try_cast(spark_type(column))
+    return F.transform(wire, lambda value: convert(element, value, julian))
+
+
 def convert(column: Column, wire: SparkColumn, julian: SparkColumn | None = None) -> SparkColumn:
-    """Expression turning the wire value into the column's type; null when it does not fit.
-    ``julian``: the event is a snapshot whose timestamps were read in the Julian calendar
+    """Expression turning the wire value into the column's type; null when it does not fit (for a
+    list: an element that does not fit is null, see :func:`_element_errors`). ``julian``: the event
+    is a snapshot whose timestamps were read in the Julian calendar
     (:func:`service.data.temporal.spark_julian_snapshot`)."""
+    if column.is_list:
+        return _convert_list(column, wire, julian)
     target = spark_type(column)
     enc = column.encoding
     t = column.type
@@ -303,10 +358,12 @@ def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
     """The dead-letter reason for a present value that did not convert: "out of range" when it is a
     well-formed number (an integer or decimal too wide for the column), "would be rounded" for decimal
     text with more digits after the point than the column's scale, else "does not fit"."""
-    if column.encoding in temporal.TEMPORAL:
-        return temporal.spark_reason(column, wire)
     name, value, type_text = F.lit(column.name), wire.cast("string"), F.lit(str(column.type))
     does_not_fit = F.format_string("column %s: value %s does not fit type %s", name, value, type_text)
+    if column.is_list:  # its elements are checked one by one (see _element_errors)
+        return does_not_fit
+    if column.encoding in temporal.TEMPORAL:
+        return temporal.spark_reason(column, wire)
     out_of_range = F.format_string("column %s: value %s is out of range for %s", name, value, type_text)
     t = column.type
     if column.encoding is Encoding.DECIMAL_TEXT and isinstance(t, DecimalType):
@@ -329,8 +386,27 @@ def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
     return does_not_fit if well_formed is None else F.when(well_formed, out_of_range).otherwise(does_not_fit)
 
 
+def _element_errors(column: Column, wire: SparkColumn, converted: SparkColumn) -> list[SparkColumn]:
+    """A list's dead-letter reasons: the first element that did not convert, a null element where
+    the elements are required."""
+    element = column.element()
+    misfits = F.filter(
+        F.zip_with(wire, converted, lambda value, result: F.when(value.isNotNull() & result.isNull(), value)),
+        lambda value: value.isNotNull(),
+    )
+    errors = [F.when(F.size(misfits) > 0, _misfit(element, F.get(misfits, 0)))]
+    if element.required:
+        errors.append(
+            F.when(
+                F.exists(wire, lambda value: value.isNull()),
+                F.lit(f"column {column.name}: a null element in a list of required elements"),
+            )
+        )
+    return errors
+
+
 def _row_struct(columns: list[Column]) -> T.StructType:
-    return T.StructType([T.StructField(c.name, wire_type(c.encoding)) for c in columns])
+    return T.StructType([T.StructField(c.name, column_wire_type(c)) for c in columns])
 
 
 def envelope_schema(columns: list[Column]) -> T.StructType:
@@ -476,14 +552,20 @@ def decode(
         image_wire = image.getField(c.name)
         wire = F.coalesce(wire, image_wire) if wire is not None else image_wire
         if c.encoding is Encoding.VARIABLE_SCALE_DECIMAL:
-            # {scale, value} → its exact text, then converted like decimal.handling.mode=string's text
-            text, text_column = _variable_scale_texts(wire), as_text_column(c)
+            # {scale, value} (each element's, for a list) → its exact text, then converted like
+            # decimal.handling.mode=string's text
+            text_column = as_text_column(c)
+            text = (_variable_scale_text_lists if c.is_list else _variable_scale_texts)(wire)
             converted = convert(text_column, text)
             misfit = F.when(text.isNotNull(), _misfit(text_column, text)).otherwise(
                 _misfit(c, F.to_json(wire))
             )
+            if c.is_list:  # an element that is not {scale, value}, then one whose text does not fit
+                errors += _element_errors(c, wire, text) + _element_errors(text_column, text, converted)
         else:
             converted, misfit = convert(c, wire, F.col(_JULIAN)), _misfit(c, wire)
+            if c.is_list:
+                errors.extend(_element_errors(c, wire, converted))
         values[c.name] = converted
         errors.append(F.when(wire.isNotNull() & converted.isNull(), misfit))
         if c.name in key:

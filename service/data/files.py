@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyiceberg.io.pyarrow as pyiceberg_pyarrow
@@ -22,7 +23,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.types import FixedType, TimeType, UUIDType
+from pyiceberg.types import FixedType, IcebergType, ListType, TimeType, UUIDType
 
 from service.iceberg.datafile_json import to_json
 
@@ -120,28 +121,47 @@ class WriteSpec:
         )
 
 
+_CONVERTED = (TimeType, FixedType, UUIDType)
+
+
+def _converted(iceberg_type: IcebergType) -> bool:
+    if isinstance(iceberg_type, ListType):
+        return _converted(iceberg_type.element_type)
+    return isinstance(iceberg_type, _CONVERTED)
+
+
+def _to_table_type(column: pa.Array, iceberg_type: IcebergType) -> pa.Array:
+    """One column's values as the Arrow type pyiceberg writes for ``iceberg_type`` (see
+    :func:`_to_table_types`); a list's elements are converted the same way, in lists of the same shape."""
+    if isinstance(iceberg_type, ListType):
+        values = _to_table_type(pc.list_flatten(column), iceberg_type.element_type)
+        lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
+        return pa.ListArray.from_arrays(offsets, values, mask=pc.is_null(column))
+    if isinstance(iceberg_type, TimeType):
+        return column.cast(pa.time64("us"))
+    if isinstance(iceberg_type, FixedType):
+        return column.cast(pa.binary(len(iceberg_type)))
+    if isinstance(iceberg_type, UUIDType):
+        return pa.array(
+            [None if v is None else uuid.UUID(v).bytes for v in column.to_pylist()], pa.binary(16)
+        ).cast(pa.uuid())
+    return column
+
+
 def _to_table_types(batch: pa.Table, metadata: TableMetadata) -> pa.Table:
-    """Spark has no TIME, UUID or fixed-length binary type: those columns arrive as int64 micros, text
-    and binary; convert them (pyiceberg refuses binary for a ``fixed[n]`` column). The decoders have
-    dead-lettered every fixed value of another length, so the cast can't fail on the records' account."""
+    """Spark has no TIME, UUID or fixed-length binary type: those columns (and list elements) arrive as
+    int64 micros, text and binary; convert them (pyiceberg refuses binary for a ``fixed[n]`` column). The
+    decoders have dead-lettered every fixed value of another length, so the cast can't fail on the
+    records' account."""
     schema = metadata.schema()
     columns = []
     for name in batch.column_names:
-        column = batch[name]
         iceberg_type = schema.find_field(name).field_type
-        if isinstance(iceberg_type, TimeType):
-            column = column.cast(pa.time64("us"))
-        elif isinstance(iceberg_type, FixedType):
-            column = column.cast(pa.binary(len(iceberg_type)))
-        elif isinstance(iceberg_type, UUIDType):
-            column = pa.chunked_array(
-                [
-                    pa.array(
-                        [None if v is None else uuid.UUID(v).bytes for v in column.to_pylist()], pa.binary(16)
-                    )
-                ]
-            ).cast(pa.uuid())
-        columns.append(column)
+        column = batch[name]
+        columns.append(
+            _to_table_type(column.combine_chunks(), iceberg_type) if _converted(iceberg_type) else column
+        )
     return pa.table(columns, names=batch.column_names)
 
 

@@ -3,7 +3,7 @@
 Changes Iceberg expresses as metadata only (no file is rewritten) are applied before the batch that
 needs them is written: a new column (added as optional, so older files read it as null), a widened
 type (int→long, float→double, decimal precision up at the same scale) and a required column becoming
-optional. Anything else — a narrowing, a type change across families, a key column becoming optional —
+optional; a list column's element (``tags.element``) evolves the same way. Anything else — a narrowing, a type change across families, a key column becoming optional —
 is incompatible: the sink stops naming the column, or, under ``on_incompatible: dead_letter``, the
 records carrying that schema go to the dead-letter topic.
 """
@@ -24,7 +24,9 @@ from pyiceberg.types import (
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
+    NestedField,
 )
 
 from service.data.columns import Column, SchemaError
@@ -85,6 +87,23 @@ def _widens(table_type: IcebergType, event_type: IcebergType) -> bool | None:
     return None
 
 
+def _compare(evolution: Evolution, field_: NestedField, column: Column, key: bool) -> None:
+    """One table field against the column the events carry for it. A list's element is compared as
+    a column of its own (``tags.element``), which is also its path for the schema update."""
+    if isinstance(field_.field_type, ListType) and column.is_list:
+        _compare(evolution, field_.field_type.element_field, column.element(), key=False)
+    else:
+        widen = _widens(field_.field_type, column.type)
+        if widen is None:
+            evolution.incompatible.append(
+                f"column {column.name}: the events carry {column.type} but the table has {field_.field_type}"
+            )
+        elif widen:
+            evolution.widen.append((column.name, field_.field_type, column.type))
+    if field_.required and not column.required and not key:
+        evolution.make_optional.append(column.name)
+
+
 def plan(schema: Schema, columns: list[Column]) -> Evolution:
     """Compare the table's schema with the columns one event schema carries."""
     evolution = Evolution()
@@ -96,15 +115,7 @@ def plan(schema: Schema, columns: list[Column]) -> Evolution:
         except ValueError:
             evolution.add.append(column)
             continue
-        widen = _widens(field_.field_type, column.type)
-        if widen is None:
-            evolution.incompatible.append(
-                f"column {column.name}: the events carry {column.type} but the table has {field_.field_type}"
-            )
-        elif widen:
-            evolution.widen.append((column.name, field_.field_type, column.type))
-        if field_.required and not column.required and column.name not in identifier:
-            evolution.make_optional.append(column.name)
+        _compare(evolution, field_, column, column.name in identifier)
     for field_ in schema.fields:
         if field_.name not in names and field_.required:
             if field_.name in identifier:

@@ -34,7 +34,7 @@ from pyiceberg.transforms import (
 )
 
 from service.config import SinkConfig
-from service.data.columns import Column, SchemaError, columns_for_table, iceberg_schema
+from service.data.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 
 logger = logging.getLogger(__name__)
@@ -133,9 +133,11 @@ def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | N
         evolution = plan(table.schema(), columns)
         check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
         table = apply(table, evolution)
-    missing = [k for k in cfg.key if k not in {f.name for f in table.schema().fields}]
+    types = {f.name: f.field_type for f in table.schema().fields}
+    missing = [k for k in cfg.key if k not in types]
     if missing:
         raise SchemaError(f"key column(s) {missing} are not in table {cfg.identifier}")
+    check_key_types(types, cfg.key)
     return table
 
 

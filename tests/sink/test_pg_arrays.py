@@ -1,0 +1,238 @@
+"""PostgreSQL arrays captured by a real Debezium connector land as Iceberg lists, value by value.
+
+One source table has an array column of each everyday element type (int, bigint, text, numeric(10,2),
+date, timestamptz, uuid, boolean) with NULL arrays, empty arrays and NULL elements, in a snapshot and
+in streamed changes. The table is read back through Spark and DuckDB and compared with ``SELECT *``
+(upsert mode, schemas on, the Arrow decoder) and with every row image the source wrote (append mode,
+the columns declared as ``list<...>`` in ``table.columns``, Spark's decoder). A second source table
+evolves: an array column is added and an int[] becomes a bigint[] while the sink runs on it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.types import LongType, StringType
+
+from service.cli import EXIT_CONFIG
+from service.data.columns import column_from_config, iceberg_schema
+from tests.cdc import CdcSource, differences
+from tests.conftest import load_stack_env
+from tests.readers import duckdb_rows, spark_rows
+from tests.sink.conftest import Sink
+
+ARRAYS_DDL = """CREATE TABLE {table} (
+    id bigint PRIMARY KEY,
+    ints int[],
+    bigs bigint[],
+    texts text[],
+    amounts numeric(10,2)[],
+    days date[],
+    instants timestamptz[],
+    ids uuid[],
+    flags boolean[]
+)"""
+# The same columns declared for a sink whose events are read without their schema section.
+DECLARED = [
+    {"name": "id", "type": "long", "required": True},
+    {"name": "ints", "type": "list<int>"},
+    {"name": "bigs", "type": "list<long>"},
+    {"name": "texts", "type": "list<string>"},
+    {"name": "amounts", "type": "list<decimal(10,2)>"},
+    {"name": "days", "type": "list<date>"},
+    {"name": "instants", "type": "list<timestamptz>", "encoding": "io.debezium.time.ZonedTimestamp"},
+    {"name": "ids", "type": "list<uuid>"},
+    {"name": "flags", "type": "list<boolean>"},
+]
+GENERATED = 20  # rows 10..29, besides the five written by hand
+SNAPSHOT_ROWS = 5 + GENERATED
+# Statements streamed after the snapshot, each in its own transaction: 4 + 8 updates, 3 deletes
+# (each followed by a tombstone), 1 insert.
+CHANGES = [
+    "UPDATE {table} SET ints = array_append(ints, 7), texts = NULL WHERE id = 1",
+    "UPDATE {table} SET ints = '{{NULL}}', texts = '{{x}}' WHERE id = 2",
+    """UPDATE {table} SET ints = '{{}}', bigs = '{{}}', texts = '{{}}', amounts = '{{}}', days = '{{}}',
+       instants = '{{}}', ids = '{{}}', flags = '{{}}' WHERE id = 3""",
+    """UPDATE {table} SET ints = NULL, bigs = NULL, texts = NULL, amounts = NULL, days = NULL,
+       instants = NULL, ids = NULL, flags = NULL WHERE id = 4""",
+    "DELETE FROM {table} WHERE id BETWEEN 10 AND 12",
+    """UPDATE {table} SET amounts = amounts || 99999999.99::numeric(10,2),
+       instants = instants || timestamptz '1970-01-01 00:00:00+00' WHERE id BETWEEN 13 AND 20""",
+    """INSERT INTO {table} VALUES (40, ARRAY[40], ARRAY[40], ARRAY['forty'], ARRAY[40.40], ARRAY[date '2040-04-04'],
+       ARRAY[now()], ARRAY[gen_random_uuid()], ARRAY[true])""",
+]
+EVENTS = SNAPSHOT_ROWS + 4 + 8 + 3 * 2 + 1
+
+
+@dataclass
+class Captured:
+    """The arrays table captured by a connector: its topic and every row image the source wrote."""
+
+    table: str
+    topic: str
+    appended: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def captured(stack: Any) -> Iterator[tuple[CdcSource, Captured]]:
+    """The arrays table, its snapshot and streamed changes in Kafka (one connector for the module)."""
+    env = load_stack_env(("ICESINK_CONNECT_URI", "ICESINK_CDC_DSN"))
+    cdc = CdcSource(env["ICESINK_CONNECT_URI"], env["ICESINK_CDC_DSN"], stack.kafka_bootstrap)
+    assert not cdc.problems(), cdc.problems()
+    suffix = uuid.uuid4().hex[:8]
+    table = f"public.pg_arrays_{suffix}"
+    try:
+        cdc.execute(
+            ARRAYS_DDL.format(table=table),
+            # NULL elements among values at the types' edges
+            f"""INSERT INTO {table} VALUES (1,
+                ARRAY[1, NULL, -2147483648, 2147483647], ARRAY[9223372036854775807, NULL, -9223372036854775808],
+                ARRAY['a,b', NULL, '', '{{}}', 'quote " and \\ backslash', 'NULL', 'é😀'],
+                ARRAY[99999999.99, NULL, -99999999.99, 0.01], ARRAY[date '2024-02-29', NULL, date '1970-01-01'],
+                ARRAY[timestamptz '2024-01-02 03:04:05.123456+02', NULL, timestamptz '1969-12-31 23:59:59.999999+00'],
+                ARRAY['a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, NULL], ARRAY[true, NULL, false])""",
+            f"INSERT INTO {table} VALUES (2, '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}')",
+            f"INSERT INTO {table} (id) VALUES (3)",
+            f"""INSERT INTO {table} VALUES (4, '{{NULL}}', '{{NULL}}', '{{NULL}}', '{{NULL}}', '{{NULL}}',
+                '{{NULL}}', '{{NULL}}', '{{NULL}}')""",
+            f"""INSERT INTO {table} VALUES (5, ARRAY[0], ARRAY[0], ARRAY[' '], ARRAY[0.00], ARRAY[date '9999-12-31'],
+                ARRAY[timestamptz '2262-04-11 23:47:16.854775+00'], ARRAY['00000000-0000-0000-0000-000000000000'::uuid],
+                ARRAY[false])""",
+            f"""INSERT INTO {table}
+                SELECT g, ARRAY[g, -g], ARRAY[g * 1000000000000], ARRAY['t' || g, repeat('x', g)],
+                       ARRAY[(g * 1.25)::numeric(10,2)], ARRAY[date '2024-01-01' + g],
+                       ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds'],
+                       ARRAY[md5(g::text)::uuid], ARRAY[g % 2 = 0, g % 3 = 0]
+                FROM generate_series(10, {9 + GENERATED}) g""",
+        )
+        appended = cdc.rows(table)
+        connector = cdc.register(f"dbz_arrays_{suffix}", [table], schemas=True)
+        connector.wait_snapshot_done()
+        for statement in CHANGES:
+            images = cdc.query(statement.format(table=table) + " RETURNING *")
+            if not statement.startswith("DELETE"):
+                appended += images
+        connector.wait_for_events(table, EVENTS)
+        yield cdc, Captured(table, connector.topic(table), appended)
+    finally:
+        cdc.close()
+
+
+def _assert_table_matches(spark: Any, identifier: str, source: list[dict[str, Any]], key: str | None) -> None:
+    problems = differences(source, spark_rows(spark, identifier), key, "spark")
+    problems += differences(source, duckdb_rows(identifier), key, "duckdb")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_pg_arrays_upsert_match_the_source(
+    captured: tuple[CdcSource, Captured],
+    make_sink: Callable[..., Sink],
+    rest_catalog: Catalog,
+    spark: Any,
+    unique_name: Callable[[str], str],
+) -> None:
+    """Schemas on: each array column is a list of its element type; NULL arrays, empty arrays and
+    NULL elements are kept; the Arrow decoder wrote every batch."""
+    cdc, capture = captured
+    sink = make_sink(
+        mode="upsert",
+        kafka={"topics": [capture.topic]},
+        table={"identifier": f"{unique_name('ns')}.arrays", "key": ["id"]},
+    )
+    run = sink.run_until_caught_up()
+    schema = rest_catalog.load_table(sink.table).schema()
+    assert {f.name: str(f.field_type) for f in schema.fields} == {
+        c["name"]: c["type"].replace(",", ", ") for c in DECLARED
+    }
+    assert not any(schema.find_field(f"{c['name']}.element").required for c in DECLARED[1:])
+    log = run.log()
+    assert "arrow decoder" in log and "declined" not in log and " 0 dead letters" in log, log[-4000:]
+    source = cdc.rows(capture.table)
+    assert len(source) == SNAPSHOT_ROWS - 3 + 1
+    _assert_table_matches(spark, sink.table, source, key="id")
+
+
+def test_pg_arrays_append_with_declared_list_columns(
+    captured: tuple[CdcSource, Captured],
+    make_sink: Callable[..., Sink],
+    spark: Any,
+    unique_name: Callable[[str], str],
+) -> None:
+    """``table.columns`` declares ``list<int>``, ``list<decimal(10,2)>`` ...; Spark's decoder lands
+    every row image the source wrote, each once."""
+    _, capture = captured
+    sink = make_sink(
+        mode="append",
+        kafka={"topics": [capture.topic]},
+        table={"identifier": f"{unique_name('ns')}.arrays", "key": ["id"], "columns": DECLARED},
+        source={"decoder": "spark"},
+    )
+    run = sink.run_until_caught_up()
+    assert " 0 dead letters" in run.log() and "arrow decoder" not in run.log()
+    _assert_table_matches(spark, sink.table, capture.appended, key=None)
+
+
+def test_pg_array_columns_evolve(
+    cdc: CdcSource,
+    make_sink: Callable[..., Sink],
+    rest_catalog: Catalog,
+    spark: Any,
+    unique_name: Callable[[str], str],
+) -> None:
+    """The table holds ``ints list<int>`` (as an earlier run made it); the source adds a text[] column
+    and widens int[] to bigint[]: the table evolves (list<string> added, ints.element int → long)
+    and keeps every value."""
+    table = f"public.{unique_name('evolving')}"
+    cdc.execute(
+        f"CREATE TABLE {table} (id bigint PRIMARY KEY, ints int[])",
+        f"INSERT INTO {table} VALUES (1, ARRAY[1, NULL]), (2, NULL), (3, '{{}}')",
+    )
+    connector = cdc.register(unique_name("dbz"), [table], schemas=True)
+    connector.wait_snapshot_done()
+    cdc.execute(
+        f"ALTER TABLE {table} ADD COLUMN tags text[], ALTER COLUMN ints TYPE bigint[]",
+        f"INSERT INTO {table} VALUES (4, ARRAY[9223372036854775807, NULL], ARRAY['a', NULL])",
+        f"UPDATE {table} SET tags = '{{}}' WHERE id = 2",
+    )
+    connector.wait_for_events(table, 3 + 2)
+    sink = make_sink(
+        mode="upsert",
+        kafka={"topics": [connector.topic(table)]},
+        table={"identifier": f"{unique_name('ns')}.evolving", "key": ["id"]},
+    )
+    rest_catalog.create_namespace(sink.table.rsplit(".", 1)[0])
+    columns = [
+        column_from_config("id", "long", True, None),
+        column_from_config("ints", "list<int>", False, None),
+    ]
+    rest_catalog.create_table(sink.table, schema=iceberg_schema(columns, ["id"]))
+
+    run = sink.run_until_caught_up()
+    assert "add tags list<string>, widen ints.element int → long" in run.log(), run.log()[-4000:]
+    schema = rest_catalog.load_table(sink.table).schema()
+    assert schema.find_field("ints.element").field_type == LongType()
+    assert schema.find_field("tags.element").field_type == StringType()
+    _assert_table_matches(spark, sink.table, cdc.rows(table), key="id")
+
+
+def test_list_key_column_is_refused_at_start_up(
+    make_sink: Callable[..., Sink], rest_catalog: Catalog, unique_name: Callable[[str], str]
+) -> None:
+    """A key column declared as a list stops start-up (exit 2) before any table is created."""
+    sink = make_sink(
+        table={
+            "identifier": f"{unique_name('ns')}.keyed",
+            "key": ["tags"],
+            "columns": [{"name": "tags", "type": "list<int>", "required": True}],
+        },
+    )
+    res = sink.cli("run")
+    output = res.stdout + res.stderr
+    assert res.returncode == EXIT_CONFIG, f"exit {res.returncode}:\n{output[-4000:]}"
+    assert "key column(s) tags (list<int>) are not primitive: a key column can't be a list" in output, output
+    assert not rest_catalog.table_exists(sink.table)
