@@ -342,7 +342,8 @@ def differences(
     per version) the two must hold the same rows the same number of times. Values must be equal and
     of the same Python type. A timestamptz is compared as an instant: pyspark returns it as a naive
     datetime in the local time of its process, which ``astimezone`` reads as such. A uuid is compared
-    as its text: Spark has no UUID type and returns the text. Lists (PostgreSQL arrays) are compared
+    as its text: Spark has no UUID type and returns the text. Bytes are compared as ``bytes`` (Spark
+    returns a bytearray). Lists (PostgreSQL arrays) are compared
     element by element, in order, with the same rules.
     """
     zoned = {c for row in source for c, v in row.items() if _is_zoned(v)}
@@ -352,6 +353,8 @@ def differences(
             return [normal(e, zoned) for e in v]
         if zoned and isinstance(v, datetime):
             return v.astimezone(UTC)
+        if isinstance(v, bytearray | memoryview):
+            return bytes(v)
         return str(v) if isinstance(v, UUID) else v
 
     def comparable(row: dict[str, Any]) -> dict[str, Any]:

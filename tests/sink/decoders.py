@@ -46,14 +46,17 @@ def kafka_positions(offsets: list[int], partitions: list[int] | None = None, top
 
 
 def comparable(table: pa.Table) -> list[dict[str, Any]]:
-    """Rows with dates as epoch days and timestamps as epoch micros (Python's datetime stops at 9999)."""
-    columns = []
-    for column in table.columns:
-        if pa.types.is_date32(column.type):
-            column = column.cast(pa.int32())
-        elif pa.types.is_timestamp(column.type):
-            column = column.cast(pa.int64())
-        columns.append(column)
+    """Rows with dates as epoch days and timestamps as epoch micros (Python's datetime stops at 9999),
+    list elements too."""
+
+    def plain(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_list(t):
+            return pa.list_(plain(t.value_type))
+        if pa.types.is_date32(t):
+            return pa.int32()
+        return pa.int64() if pa.types.is_timestamp(t) else t
+
+    columns = [c if plain(c.type) == c.type else c.cast(plain(c.type)) for c in table.columns]
     return pa.table(columns, names=table.column_names).to_pylist()
 
 

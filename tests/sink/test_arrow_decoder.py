@@ -13,16 +13,18 @@ from __future__ import annotations
 import base64
 import json
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from pyiceberg.types import StringType
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
-from service.data.columns import Column, column_from_config
+from service.data.columns import Column, Encoding, column_from_config, list_of
 from service.data.debezium import ERROR_COLUMN
 from service.data.debezium import decode as spark_decode
 from service.data.debezium import latest_per_key as spark_latest_per_key
@@ -57,8 +59,14 @@ COLUMNS: list[Column] = [
         ("vs", "string", False, "io.debezium.data.VariableScaleDecimal"),
         ("vd", "decimal(20,4)", False, "io.debezium.data.VariableScaleDecimal"),
         ("dur", "long", False, "io.debezium.time.MicroDuration"),
+        ("li", "list<int>", False, None),
+        ("ldec", "list<decimal(12,3)>", False, None),
+        ("lbig", "list<decimal(30,5)>", False, None),
+        ("lt", "list<time>", False, "io.debezium.time.MicroTime"),
+        ("ltz", "list<timestamptz>", False, "io.debezium.time.ZonedTimestamp"),
+        ("lu", "list<uuid>", False, None),
     ]
-]
+] + [Column("lreq", list_of(StringType(), element_required=True), False, Encoding.STRING)]
 KEY = ["id"]
 MAX_BYTES = 4000
 
@@ -99,6 +107,29 @@ def _good_row(rng: random.Random, key: int) -> dict[str, Any]:
         "vs": {"scale": rng.randint(0, 40), "value": _b64(rng.randint(-(10**40), 10**40))},
         "vd": {"scale": rng.randint(0, 4), "value": _b64(rng.randint(-(10**15), 10**15))},
         "dur": rng.randint(-(2**62), 2**62),
+        **_good_lists(rng),
+    }
+
+
+def _good_lists(rng: random.Random) -> dict[str, Any]:
+    """Lists as Debezium sends PostgreSQL arrays: NULL, empty, with NULL elements."""
+
+    def some(element: Callable[[], Any]) -> list[Any] | None:
+        shape = rng.random()
+        if shape < 0.1:
+            return None
+        return [
+            None if rng.random() < 0.2 else element() for _ in range(0 if shape < 0.2 else rng.randint(1, 4))
+        ]
+
+    return {
+        "li": some(lambda: rng.randint(-(2**31), 2**31 - 1)),
+        "ldec": some(lambda: _b64(rng.randint(-(10**12) + 1, 10**12 - 1))),
+        "lbig": some(lambda: _b64(rng.randint(-(10**30) + 1, 10**30 - 1))),
+        "lt": some(lambda: rng.randint(0, 86_399_999_999)),
+        "ltz": some(lambda: rng.choice(["2024-02-29T23:59:58.5+02:00", "1969-12-31T23:59:59.999999Z"])),
+        "lu": some(lambda: "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+        "lreq": [str(i) for i in range(rng.randint(0, 3))],
     }
 
 
@@ -263,6 +294,13 @@ EDGES: dict[str, list[Any]] = {
         None,
     ],
     "us": ["{6f9619ff-8b86-d011-b42d-00c04fc964ff}", None],
+    "li": [[2**31 - 1, None], [1, 2**31], [-(2**31) - 1], [1.5], ["7"], [None], [], [[1]], 5, "x", {"a": 1}],
+    "ldec": [[_b64(10**12 - 1)], [None, _b64(10**12)], ["not base64"], [""], [7]],
+    "lbig": [[_b64(10**30 - 1), None], [_b64(10**30)], ["A="], [""]],
+    "lt": [[0, 86_399_999_999], [-1], [None, 86_400_000_000]],
+    "ltz": [["2024-02-30T00:00:00Z"], ["2024-02-29 23:59:58Z"], [None, "x"]],
+    "lu": [["6f9619ff8b86d011b42d00c04fc964ff"], ["6f9619ff-8b86-d011-b42d-00c04fc964ff", None]],
+    "lreq": [["a", None], [None], [], None],
 }
 
 

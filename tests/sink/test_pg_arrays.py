@@ -1,7 +1,7 @@
 """PostgreSQL arrays captured by a real Debezium connector land as Iceberg lists, value by value.
 
 One source table has an array column of each everyday element type (int, bigint, text, numeric(10,2),
-date, timestamptz, uuid, boolean) with NULL arrays, empty arrays and NULL elements, in a snapshot and
+date, timestamptz, uuid, boolean, smallint, real, double, varchar, char, bytea) with NULL arrays, empty arrays and NULL elements, in a snapshot and
 in streamed changes. The table is read back through Spark and DuckDB and compared with ``SELECT *``
 (upsert mode, schemas on, the Arrow decoder) and with every row image the source wrote (append mode,
 the columns declared as ``list<...>`` in ``table.columns``, Spark's decoder). A second source table
@@ -21,52 +21,112 @@ from pyiceberg.types import LongType, StringType
 
 from service.cli import EXIT_CONFIG
 from service.data.columns import column_from_config, iceberg_schema
-from tests.cdc import CdcSource, differences
+from tests.cdc import CdcSource, differences, write_corpus
 from tests.conftest import load_stack_env
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 
-ARRAYS_DDL = """CREATE TABLE {table} (
-    id bigint PRIMARY KEY,
-    ints int[],
-    bigs bigint[],
-    texts text[],
-    amounts numeric(10,2)[],
-    days date[],
-    instants timestamptz[],
-    ids uuid[],
-    flags boolean[]
-)"""
-# The same columns declared for a sink whose events are read without their schema section.
+# (column, PostgreSQL type, the sink's declared type for events read without their schema section,
+#  row 1: values at the type's edges with a NULL element, a generated row's values from g)
+COLUMNS = [
+    ("ints", "int[]", "list<int>", "ARRAY[1, NULL, -2147483648, 2147483647]", "ARRAY[g, -g]"),
+    (
+        "bigs",
+        "bigint[]",
+        "list<long>",
+        "ARRAY[9223372036854775807, NULL, -9223372036854775808]",
+        "ARRAY[g * 1000000000000]",
+    ),
+    (
+        "texts",
+        "text[]",
+        "list<string>",
+        """ARRAY['a,b', NULL, '', '{}', 'quote " and \\ backslash', 'NULL', 'é😀']""",
+        "ARRAY['t' || g, repeat('x', g)]",
+    ),
+    (
+        "amounts",
+        "numeric(10,2)[]",
+        "list<decimal(10,2)>",
+        "ARRAY[99999999.99, NULL, -99999999.99, 0.01]",
+        "ARRAY[(g * 1.25)::numeric(10,2)]",
+    ),
+    (
+        "days",
+        "date[]",
+        "list<date>",
+        "ARRAY[date '2024-02-29', NULL, date '1970-01-01', date '9999-12-31']",
+        "ARRAY[date '2024-01-01' + g]",
+    ),
+    (
+        "instants",
+        "timestamptz[]",
+        "list<timestamptz>",
+        "ARRAY[timestamptz '2024-01-02 03:04:05.123456+02', NULL, timestamptz '1969-12-31 23:59:59.999999+00']",
+        "ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds']",
+    ),
+    (
+        "ids",
+        "uuid[]",
+        "list<uuid>",
+        "ARRAY['a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, NULL, '00000000-0000-0000-0000-000000000000']",
+        "ARRAY[md5(g::text)::uuid]",
+    ),
+    ("flags", "boolean[]", "list<boolean>", "ARRAY[true, NULL, false]", "ARRAY[g % 2 = 0, g % 3 = 0]"),
+    ("smalls", "smallint[]", "list<int>", "ARRAY[-32768, NULL, 32767]", "ARRAY[g::smallint]"),
+    ("reals", "real[]", "list<float>", "ARRAY[1.5, NULL, -0.25, 1e10, -16777216]", "ARRAY[g * 0.5::real]"),
+    (
+        "doubles",
+        "double precision[]",
+        "list<double>",
+        "ARRAY[1.7976931348623157e308, NULL, -2.2250738585072014e-308, 0.1]",
+        "ARRAY[g / 3.0::float8]",
+    ),
+    ("names", "varchar(8)[]", "list<string>", "ARRAY['abc', NULL, 'ç']", "ARRAY['n' || g]"),
+    ("codes", "char(3)[]", "list<string>", "ARRAY['ab', NULL]", "ARRAY[lpad(g::text, 3)]"),
+    (
+        "blobs",
+        "bytea[]",
+        "list<binary>",
+        "ARRAY['\\x00ff'::bytea, NULL, ''::bytea]",
+        "ARRAY[decode(md5(g::text), 'hex')]",
+    ),
+]
+NAMES = [c[0] for c in COLUMNS]
 DECLARED = [
     {"name": "id", "type": "long", "required": True},
-    {"name": "ints", "type": "list<int>"},
-    {"name": "bigs", "type": "list<long>"},
-    {"name": "texts", "type": "list<string>"},
-    {"name": "amounts", "type": "list<decimal(10,2)>"},
-    {"name": "days", "type": "list<date>"},
-    {"name": "instants", "type": "list<timestamptz>", "encoding": "io.debezium.time.ZonedTimestamp"},
-    {"name": "ids", "type": "list<uuid>"},
-    {"name": "flags", "type": "list<boolean>"},
+    *[{"name": name, "type": declared} for name, _, declared, _, _ in COLUMNS],
 ]
-GENERATED = 20  # rows 10..29, besides the five written by hand
-SNAPSHOT_ROWS = 5 + GENERATED
+DECLARED[NAMES.index("instants") + 1]["encoding"] = "io.debezium.time.ZonedTimestamp"
+GENERATED = 20  # rows 10..29, besides the four written by hand
+
+
+def _every(value: str) -> str:
+    return ", ".join(f"{value}" for _ in COLUMNS)
+
+
+SNAPSHOT = [
+    f"INSERT INTO {{table}} VALUES (1, {', '.join(c[3] for c in COLUMNS)})",
+    f"INSERT INTO {{table}} VALUES (2, {_every(chr(39) + '{}' + chr(39))})",  # empty arrays
+    "INSERT INTO {table} (id) VALUES (3)",  # NULL arrays
+    f"INSERT INTO {{table}} VALUES (4, {_every(chr(39) + '{NULL}' + chr(39))})",  # one NULL element
+    f"INSERT INTO {{table}} SELECT g, {', '.join(c[4] for c in COLUMNS)} FROM generate_series(10, {9 + GENERATED}) g",
+]
+SNAPSHOT_ROWS = 4 + GENERATED
 # Statements streamed after the snapshot, each in its own transaction: 4 + 8 updates, 3 deletes
 # (each followed by a tombstone), 1 insert.
 CHANGES = [
-    "UPDATE {table} SET ints = array_append(ints, 7), texts = NULL WHERE id = 1",
-    "UPDATE {table} SET ints = '{{NULL}}', texts = '{{x}}' WHERE id = 2",
-    """UPDATE {table} SET ints = '{{}}', bigs = '{{}}', texts = '{{}}', amounts = '{{}}', days = '{{}}',
-       instants = '{{}}', ids = '{{}}', flags = '{{}}' WHERE id = 3""",
-    """UPDATE {table} SET ints = NULL, bigs = NULL, texts = NULL, amounts = NULL, days = NULL,
-       instants = NULL, ids = NULL, flags = NULL WHERE id = 4""",
+    "UPDATE {table} SET ints = array_append(ints, 7), texts = NULL, blobs = blobs || '\\x01'::bytea WHERE id = 1",
+    "UPDATE {table} SET ints = '{NULL}', texts = '{x}' WHERE id = 2",
+    "UPDATE {table} SET " + ", ".join(f"{n} = '{{}}'" for n in NAMES) + " WHERE id = 3",
+    "UPDATE {table} SET " + ", ".join(f"{n} = NULL" for n in NAMES) + " WHERE id = 4",
     "DELETE FROM {table} WHERE id BETWEEN 10 AND 12",
     """UPDATE {table} SET amounts = amounts || 99999999.99::numeric(10,2),
        instants = instants || timestamptz '1970-01-01 00:00:00+00' WHERE id BETWEEN 13 AND 20""",
-    """INSERT INTO {table} VALUES (40, ARRAY[40], ARRAY[40], ARRAY['forty'], ARRAY[40.40], ARRAY[date '2040-04-04'],
-       ARRAY[now()], ARRAY[gen_random_uuid()], ARRAY[true])""",
+    "INSERT INTO {table} SELECT g, " + ", ".join(c[4] for c in COLUMNS) + " FROM generate_series(40, 40) g",
 ]
 EVENTS = SNAPSHOT_ROWS + 4 + 8 + 3 * 2 + 1
+# The statements name their table {table} (not str.format: array literals hold braces).
 
 
 @dataclass
@@ -87,38 +147,27 @@ def captured(stack: Any) -> Iterator[tuple[CdcSource, Captured]]:
     suffix = uuid.uuid4().hex[:8]
     table = f"public.pg_arrays_{suffix}"
     try:
+        columns = ", ".join(f"{name} {pg_type}" for name, pg_type, _, _, _ in COLUMNS)
         cdc.execute(
-            ARRAYS_DDL.format(table=table),
-            # NULL elements among values at the types' edges
-            f"""INSERT INTO {table} VALUES (1,
-                ARRAY[1, NULL, -2147483648, 2147483647], ARRAY[9223372036854775807, NULL, -9223372036854775808],
-                ARRAY['a,b', NULL, '', '{{}}', 'quote " and \\ backslash', 'NULL', 'é😀'],
-                ARRAY[99999999.99, NULL, -99999999.99, 0.01], ARRAY[date '2024-02-29', NULL, date '1970-01-01'],
-                ARRAY[timestamptz '2024-01-02 03:04:05.123456+02', NULL, timestamptz '1969-12-31 23:59:59.999999+00'],
-                ARRAY['a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, NULL], ARRAY[true, NULL, false])""",
-            f"INSERT INTO {table} VALUES (2, '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{{}}')",
-            f"INSERT INTO {table} (id) VALUES (3)",
-            f"""INSERT INTO {table} VALUES (4, '{{NULL}}', '{{NULL}}', '{{NULL}}', '{{NULL}}', '{{NULL}}',
-                '{{NULL}}', '{{NULL}}', '{{NULL}}')""",
-            f"""INSERT INTO {table} VALUES (5, ARRAY[0], ARRAY[0], ARRAY[' '], ARRAY[0.00], ARRAY[date '9999-12-31'],
-                ARRAY[timestamptz '2262-04-11 23:47:16.854775+00'], ARRAY['00000000-0000-0000-0000-000000000000'::uuid],
-                ARRAY[false])""",
-            f"""INSERT INTO {table}
-                SELECT g, ARRAY[g, -g], ARRAY[g * 1000000000000], ARRAY['t' || g, repeat('x', g)],
-                       ARRAY[(g * 1.25)::numeric(10,2)], ARRAY[date '2024-01-01' + g],
-                       ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds'],
-                       ARRAY[md5(g::text)::uuid], ARRAY[g % 2 = 0, g % 3 = 0]
-                FROM generate_series(10, {9 + GENERATED}) g""",
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, {columns})",
+            *[q.replace("{table}", table) for q in SNAPSHOT],
         )
         appended = cdc.rows(table)
         connector = cdc.register(f"dbz_arrays_{suffix}", [table], schemas=True)
         connector.wait_snapshot_done()
         for statement in CHANGES:
-            images = cdc.query(statement.format(table=table) + " RETURNING *")
+            images = cdc.query(statement.replace("{table}", table) + " RETURNING *")
             if not statement.startswith("DELETE"):
                 appended += images
         connector.wait_for_events(table, EVENTS)
-        yield cdc, Captured(table, connector.topic(table), appended)
+        topic = connector.topic(table)
+        write_corpus(
+            "pg-arrays",
+            "PostgreSQL arrays of every everyday element type, schemas on, decimal.handling.mode=precise",
+            ["id"],
+            cdc.records(topic),
+        )
+        yield cdc, Captured(table, topic, appended)
     finally:
         cdc.close()
 
