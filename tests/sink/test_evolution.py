@@ -8,10 +8,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from pyiceberg.catalog import Catalog
 from pyiceberg.types import DecimalType, IntegerType, LongType, StringType
 
-from service.data.columns import column_from_config, iceberg_schema
-from service.iceberg.evolution import EvolutionPolicy, IncompatibleSchema, check, plan
+from service.data.columns import (
+    Column,
+    Encoding,
+    column_from_config,
+    columns_from_envelope_schema,
+    iceberg_schema,
+    list_of,
+)
+from service.iceberg.evolution import EvolutionPolicy, IncompatibleSchema, apply, check, plan
 from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.test_end_to_end import _catalog
@@ -72,6 +80,76 @@ def test_plan_refuses_what_iceberg_cannot_express(columns: list[Any], message: s
     evolution = plan(TABLE, columns)
     with pytest.raises(IncompatibleSchema, match=message):
         check(evolution, EvolutionPolicy.ADD_COLUMNS, "t")
+
+
+def _array(name: str, items: dict[str, Any]) -> dict[str, Any]:
+    return {"field": name, "type": "array", "optional": True, "items": items}
+
+
+def test_plan_evolves_a_lists_element_as_a_column(rest_catalog: Catalog) -> None:
+    """A list's element widens (int → long) and becomes optional like a column; a new list column
+    is added; the catalog applies all three in one schema update."""
+    namespace = f"evolve_lists_{uuid.uuid4().hex[:8]}"
+    rest_catalog.create_namespace(namespace)
+    table = rest_catalog.create_table(
+        f"{namespace}.t",
+        schema=iceberg_schema(
+            [
+                column_from_config("id", "long", True, None),
+                Column("ints", list_of(IntegerType(), element_required=True), False, Encoding.INTEGER),
+            ],
+            ["id"],
+        ),
+    )
+    events = columns_from_envelope_schema(
+        {
+            "fields": [
+                {
+                    "field": "after",
+                    "type": "struct",
+                    "fields": [
+                        _field("id", "int64", False),
+                        _array("ints", {"type": "int64", "optional": True}),
+                        _array("tags", {"type": "string", "optional": True}),
+                    ],
+                }
+            ]
+        }
+    )
+    evolution = plan(table.schema(), events)
+    assert [c.name for c in evolution.add] == ["tags"]
+    assert evolution.widen == [("ints.element", IntegerType(), LongType())]
+    assert evolution.make_optional == ["ints.element"]
+    schema = apply(table, evolution).schema()
+    assert schema.find_field("ints.element").field_type == LongType()
+    assert not schema.find_field("ints.element").required
+    assert str(schema.find_field("tags").field_type) == "list<string>"
+    assert not plan(schema, events).changes
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        (
+            cols(("id", "long", True), ("ints", "list<string>", False)),
+            "column ints.element: the events carry string",
+        ),
+        (
+            cols(("id", "long", True), ("ints", "int", False)),
+            "column ints: the events carry int but the table has list<int>",
+        ),
+        (
+            cols(("id", "long", True), ("n", "list<int>", False)),
+            "column n: the events carry list<int> but the table has int",
+        ),
+    ],
+)
+def test_plan_refuses_list_changes_iceberg_cannot_express(events: list[Any], message: str) -> None:
+    table = iceberg_schema(
+        [*cols(("id", "long", True), ("n", "int", False), ("ints", "list<int>", False))], ["id"]
+    )
+    with pytest.raises(IncompatibleSchema, match=message):
+        check(plan(table, events), EvolutionPolicy.ADD_COLUMNS, "t")
 
 
 def _field(name: str, type_: str, optional: bool = True, **extra: Any) -> dict[str, Any]:

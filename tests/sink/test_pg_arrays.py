@@ -1,7 +1,7 @@
 """PostgreSQL arrays captured by a real Debezium connector land as Iceberg lists, value by value.
 
 One source table has an array column of each everyday element type (int, bigint, text, numeric(10,2),
-date, timestamptz, uuid, boolean, smallint, real, double, varchar, char, bytea) with NULL arrays, empty arrays and NULL elements, in a snapshot and
+date, timestamp, timestamptz, uuid, boolean, smallint, real, double, varchar, char, bytea) with NULL arrays, empty arrays and NULL elements, in a snapshot and
 in streamed changes. The table is read back through Spark and DuckDB and compared with ``SELECT *``
 (upsert mode, schemas on, the Arrow decoder) and with every row image the source wrote (append mode,
 the columns declared as ``list<...>`` in ``table.columns``, Spark's decoder). A second source table
@@ -66,6 +66,13 @@ COLUMNS = [
         "ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds']",
     ),
     (
+        "stamps",
+        "timestamp[]",
+        "list<timestamp>",
+        "ARRAY[timestamp '2024-01-02 03:04:05.123456', NULL, timestamp '1969-12-31 23:59:59.999999']",
+        "ARRAY[timestamp '2026-03-01 08:00:00.000001' + g * interval '13 minutes 0.25 seconds']",
+    ),
+    (
         "ids",
         "uuid[]",
         "list<uuid>",
@@ -98,6 +105,7 @@ DECLARED = [
     *[{"name": name, "type": declared} for name, _, declared, _, _ in COLUMNS],
 ]
 DECLARED[NAMES.index("instants") + 1]["encoding"] = "io.debezium.time.ZonedTimestamp"
+DECLARED[NAMES.index("stamps") + 1]["encoding"] = "io.debezium.time.MicroTimestamp"
 GENERATED = 20  # rows 10..29, besides the four written by hand
 
 
@@ -253,6 +261,7 @@ def test_pg_array_columns_evolve(
         mode="upsert",
         kafka={"topics": [connector.topic(table)]},
         table={"identifier": f"{unique_name('ns')}.evolving", "key": ["id"]},
+        source={"decoder": "spark"},  # a batch that evolves the table is Spark's anyway: skip the Arrow try
     )
     rest_catalog.create_namespace(sink.table.rsplit(".", 1)[0])
     columns = [
