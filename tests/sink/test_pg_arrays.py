@@ -21,10 +21,9 @@ from pyiceberg.types import LongType, StringType
 
 from service.cli import EXIT_CONFIG
 from service.data.columns import column_from_config, iceberg_schema
-from tests.cdc import CdcSource, differences, write_corpus
-from tests.conftest import load_stack_env
-from tests.readers import duckdb_rows, spark_rows
-from tests.sink.conftest import Sink
+from tests.cdc import CdcSource, write_corpus
+from tests.sink.conftest import Sink, open_cdc
+from tests.sink.debezium_sales import assert_table_matches
 
 # (column, PostgreSQL type, the sink's declared type for events read without their schema section,
 #  row 1: values at the type's edges with a NULL element, a generated row's values from g)
@@ -149,12 +148,9 @@ class Captured:
 @pytest.fixture(scope="module")
 def captured(stack: Any) -> Iterator[tuple[CdcSource, Captured]]:
     """The arrays table, its snapshot and streamed changes in Kafka (one connector for the module)."""
-    env = load_stack_env(("ICESINK_CONNECT_URI", "ICESINK_CDC_DSN"))
-    cdc = CdcSource(env["ICESINK_CONNECT_URI"], env["ICESINK_CDC_DSN"], stack.kafka_bootstrap)
-    assert not cdc.problems(), cdc.problems()
     suffix = uuid.uuid4().hex[:8]
     table = f"public.pg_arrays_{suffix}"
-    try:
+    with open_cdc(stack) as cdc:
         columns = ", ".join(f"{name} {pg_type}" for name, pg_type, _, _, _ in COLUMNS)
         cdc.execute(
             f"CREATE TABLE {table} (id bigint PRIMARY KEY, {columns})",
@@ -176,14 +172,6 @@ def captured(stack: Any) -> Iterator[tuple[CdcSource, Captured]]:
             cdc.records(topic),
         )
         yield cdc, Captured(table, topic, appended)
-    finally:
-        cdc.close()
-
-
-def _assert_table_matches(spark: Any, identifier: str, source: list[dict[str, Any]], key: str | None) -> None:
-    problems = differences(source, spark_rows(spark, identifier), key, "spark")
-    problems += differences(source, duckdb_rows(identifier), key, "duckdb")
-    assert not problems, "\n".join(problems[:40])
 
 
 def test_pg_arrays_upsert_match_the_source(
@@ -211,7 +199,7 @@ def test_pg_arrays_upsert_match_the_source(
     assert "arrow decoder" in log and "declined" not in log and " 0 dead letters" in log, log[-4000:]
     source = cdc.rows(capture.table)
     assert len(source) == SNAPSHOT_ROWS - 3 + 1
-    _assert_table_matches(spark, sink.table, source, key="id")
+    assert_table_matches(spark, sink.table, source, key="id")
 
 
 def test_pg_arrays_append_with_declared_list_columns(
@@ -231,7 +219,7 @@ def test_pg_arrays_append_with_declared_list_columns(
     )
     run = sink.run_until_caught_up()
     assert " 0 dead letters" in run.log() and "arrow decoder" not in run.log()
-    _assert_table_matches(spark, sink.table, capture.appended, key=None)
+    assert_table_matches(spark, sink.table, capture.appended, key=None)
 
 
 def test_pg_array_columns_evolve(
@@ -275,7 +263,7 @@ def test_pg_array_columns_evolve(
     schema = rest_catalog.load_table(sink.table).schema()
     assert schema.find_field("ints.element").field_type == LongType()
     assert schema.find_field("tags.element").field_type == StringType()
-    _assert_table_matches(spark, sink.table, cdc.rows(table), key="id")
+    assert_table_matches(spark, sink.table, cdc.rows(table), key="id")
 
 
 def test_list_key_column_is_refused_at_start_up(
