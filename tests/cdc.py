@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -401,5 +402,14 @@ def _is_zoned(value: Any) -> bool:
 
 
 def _fingerprint(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """A row as a hashable value that tells types apart (1 and 1.0, Decimal('1.1') and '1.1')."""
-    return tuple(sorted((column, f"{type(value).__name__}:{value!r}") for column, value in row.items()))
+    """A row as a hashable value that tells types apart (1 and 1.0, Decimal('1.1') and '1.1') but, like
+    ``==``, not a decimal's scale (Decimal('1.5') and Decimal('1.50')), in lists too."""
+
+    def token(value: Any) -> str:
+        if isinstance(value, list):
+            return f"list:[{', '.join(map(token, value))}]"
+        if isinstance(value, Decimal):
+            value = value.normalize()
+        return f"{type(value).__name__}:{value!r}"
+
+    return tuple(sorted((column, token(value)) for column, value in row.items()))

@@ -238,15 +238,18 @@ def _decimal_udf(scale: int) -> F.UserDefinedFunction:
     return decode
 
 
+def _pandas_variable_scale_text(scale: Any, value: Any) -> str | None:
+    """:func:`variable_scale_text` of a struct as pandas hands it over: its int scale as a float (NaN
+    for null) wherever some scale in the batch is null or the struct is inside a list."""
+    return None if scale is None or pd.isna(scale) else variable_scale_text(int(scale), value)
+
+
 @F.pandas_udf(T.StringType())  # type: ignore[call-overload]
 def _variable_scale_texts(values: pd.DataFrame) -> pd.Series:
     """The text of each VariableScaleDecimal struct (see :func:`variable_scale_text`)."""
-
-    def text(scale: Any, value: Any) -> str | None:  # scale: a float (NaN for null) where any is null
-        return None if pd.isna(scale) else variable_scale_text(int(scale), value)
-
     return pd.Series(
-        [text(s, v) for s, v in zip(values["scale"], values["value"], strict=True)], dtype=object
+        [_pandas_variable_scale_text(s, v) for s, v in zip(values["scale"], values["value"], strict=True)],
+        dtype=object,
     )
 
 
@@ -258,7 +261,7 @@ def _variable_scale_text_lists(lists: pd.Series) -> pd.Series:
     def texts(values: Any) -> list[str | None] | None:
         if values is None:
             return None
-        return [None if v is None else variable_scale_text(v["scale"], v["value"]) for v in values]
+        return [None if v is None else _pandas_variable_scale_text(v["scale"], v["value"]) for v in values]
 
     return lists.map(texts)
 

@@ -62,7 +62,9 @@ def comparable(table: pa.Table) -> list[dict[str, Any]]:
 
 def normalise(value: Any) -> Any:
     """Decimals compare by value (Decimal('1.10') == Decimal('1.1') already; normalise for the message);
-    NaN, which equals nothing (itself included), compares as text."""
+    NaN, which equals nothing (itself included), compares as text; lists element by element."""
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
     if isinstance(value, float) and math.isnan(value):
         return "NaN"
     return value.normalize() if isinstance(value, Decimal) else value

@@ -65,6 +65,7 @@ COLUMNS: list[Column] = [
         ("lt", "list<time>", False, "io.debezium.time.MicroTime"),
         ("ltz", "list<timestamptz>", False, "io.debezium.time.ZonedTimestamp"),
         ("lu", "list<uuid>", False, None),
+        ("lvd", "list<decimal(20,4)>", False, "io.debezium.data.VariableScaleDecimal"),
     ]
 ] + [Column("lreq", list_of(StringType(), element_required=True), False, Encoding.STRING)]
 KEY = ["id"]
@@ -129,6 +130,7 @@ def _good_lists(rng: random.Random) -> dict[str, Any]:
         "lt": some(lambda: rng.randint(0, 86_399_999_999)),
         "ltz": some(lambda: rng.choice(["2024-02-29T23:59:58.5+02:00", "1969-12-31T23:59:59.999999Z"])),
         "lu": some(lambda: "6F9619FF-8B86-D011-B42D-00C04FC964FF"),
+        "lvd": some(lambda: {"scale": rng.randint(0, 4), "value": _b64(rng.randint(-(10**15), 10**15))}),
         "lreq": [str(i) for i in range(rng.randint(0, 3))],
     }
 
@@ -301,6 +303,15 @@ EDGES: dict[str, list[Any]] = {
     "ltz": [["2024-02-30T00:00:00Z"], ["2024-02-29 23:59:58Z"], [None, "x"]],
     "lu": [["6f9619ff8b86d011b42d00c04fc964ff"], ["6f9619ff-8b86-d011-b42d-00c04fc964ff", None]],
     "lreq": [["a", None], [None], [], None],
+    "lvd": [
+        [{"scale": 5, "value": _b64(123456)}],
+        [{"scale": 5, "value": _b64(123450)}],
+        [None, {"scale": 0, "value": _b64(10**16)}],
+        [{"scale": 1}],
+        [{"scale": "x", "value": "AA=="}],
+        [{"scale": 2, "value": "not base64"}],
+        [{"scale": 2, "value": ""}],
+    ],
 }
 
 

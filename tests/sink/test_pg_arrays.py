@@ -1,7 +1,7 @@
 """PostgreSQL arrays captured by a real Debezium connector land as Iceberg lists, value by value.
 
 One source table has an array column of each everyday element type (int, bigint, text, numeric(10,2),
-date, timestamp, timestamptz, uuid, boolean, smallint, real, double, varchar, char, bytea) with NULL arrays, empty arrays and NULL elements, in a snapshot and
+date, timestamp, timestamptz, uuid, numeric, boolean, smallint, real, double, varchar, char, bytea) with NULL arrays, empty arrays and NULL elements, in a snapshot and
 in streamed changes. The table is read back through Spark and DuckDB and compared with ``SELECT *``
 (upsert mode, schemas on, the Arrow decoder) and with every row image the source wrote (append mode,
 the columns declared as ``list<...>`` in ``table.columns``, Spark's decoder). A second source table
@@ -78,6 +78,13 @@ COLUMNS = [
         "ARRAY['a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid, NULL, '00000000-0000-0000-0000-000000000000']",
         "ARRAY[md5(g::text)::uuid]",
     ),
+    (
+        "numbers",
+        "numeric[]",
+        "list<decimal(38,10)>",
+        "ARRAY[1.5, NULL, -0.0000000001, 1234567890123456789012345678.5]",
+        "ARRAY[g * 1.5, g::numeric]",
+    ),
     ("flags", "boolean[]", "list<boolean>", "ARRAY[true, NULL, false]", "ARRAY[g % 2 = 0, g % 3 = 0]"),
     ("smalls", "smallint[]", "list<int>", "ARRAY[-32768, NULL, 32767]", "ARRAY[g::smallint]"),
     ("reals", "real[]", "list<float>", "ARRAY[1.5, NULL, -0.25, 1e10, -16777216]", "ARRAY[g * 0.5::real]"),
@@ -105,6 +112,9 @@ DECLARED = [
 ]
 DECLARED[NAMES.index("instants") + 1]["encoding"] = "io.debezium.time.ZonedTimestamp"
 DECLARED[NAMES.index("stamps") + 1]["encoding"] = "io.debezium.time.MicroTimestamp"
+DECLARED[NAMES.index("numbers") + 1]["encoding"] = "io.debezium.data.VariableScaleDecimal"
+# numeric without precision (io.debezium.data.VariableScaleDecimal) as decimals, as the source has them
+VARIABLE_SCALE = {"variable_scale_decimal": "decimal(38,10)"}
 GENERATED = 20  # rows 10..29, besides the four written by hand
 
 
@@ -188,6 +198,7 @@ def test_pg_arrays_upsert_match_the_source(
         mode="upsert",
         kafka={"topics": [capture.topic]},
         table={"identifier": f"{unique_name('ns')}.arrays", "key": ["id"]},
+        source=VARIABLE_SCALE,
     )
     run = sink.run_until_caught_up()
     schema = rest_catalog.load_table(sink.table).schema()
