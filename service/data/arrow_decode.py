@@ -498,7 +498,9 @@ def decode(
     if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
         raise Declined("a create/update event without an 'after' image")
 
-    julian = temporal.arrow_julian_snapshot(source)
+    julian = temporal.arrow_julian_snapshot(source)  # see debezium._julian_mark
+    julian_lists = temporal.arrow_julian_snapshot(source, streamed_too=True)
+    no_julian = np.zeros(len(julian), dtype=bool)
     key_payload = _column(key_table, "payload")
     has_key_payload = pc.is_valid(key_payload)
     out: dict[str, pa.Array] = {}
@@ -511,7 +513,8 @@ def decode(
                 raise Declined(f"key column {c.name} is missing")
         elif c.required and pc.any(pc.and_(pc.invert(is_delete), pc.is_null(wire))).as_py():
             raise Declined(f"required column {c.name} is null")
-        out[c.name] = convert(c, wire, julian)
+        mark = julian_lists if temporal.julian_list(c) else no_julian if c.is_list else julian
+        out[c.name] = convert(c, wire, mark)
     out[OP_COLUMN] = op
     for name, column in zip(SOURCE_FIELDS, SOURCE_COLUMNS, strict=True):
         out[column] = _field(source, name)

@@ -67,6 +67,7 @@ SOURCE_COLUMNS = [f"__icesink_source_{name}" for name in SOURCE_FIELDS]
 CHANGE_ORDER = [*SOURCE_COLUMNS, "offset", "topic", "partition"]
 _ORDER = "__icesink_order"
 _JULIAN = "__icesink_julian"  # the event's timestamps were read in the Julian calendar (a snapshot)
+_JULIAN_LISTS = "__icesink_julian_lists"  # its timestamp[] elements were (see temporal.julian_list)
 # What a tombstone decodes as: a delete with neither before image nor source position.
 TOMBSTONE_EVENT = '{"op":"d"}'
 VALID_OPS = ("c", "r", "u", "d")
@@ -389,6 +390,15 @@ def _misfit(column: Column, wire: SparkColumn) -> SparkColumn:
     return does_not_fit if well_formed is None else F.when(well_formed, out_of_range).otherwise(does_not_fit)
 
 
+def _julian_mark(column: Column) -> SparkColumn:
+    """Which events' values of the column to put back from the Julian calendar (see
+    :mod:`service.data.temporal`): a snapshot's scalars; every event's timestamp[] elements, no other
+    list's."""
+    if temporal.julian_list(column):
+        return F.col(_JULIAN_LISTS)
+    return F.lit(False) if column.is_list else F.col(_JULIAN)
+
+
 def _element_errors(column: Column, wire: SparkColumn, converted: SparkColumn) -> list[SparkColumn]:
     """A list's dead-letter reasons: the first element that did not convert, a null element where
     the elements are required."""
@@ -504,6 +514,11 @@ def decode(
             for (n, t), c in zip(SOURCE_FIELDS.items(), SOURCE_COLUMNS, strict=True)
         ],
         temporal.spark_julian_snapshot(envelope("source")).alias(_JULIAN),
+        *(
+            [temporal.spark_julian_snapshot(envelope("source"), streamed_too=True).alias(_JULIAN_LISTS)]
+            if any(temporal.julian_list(c) for c in columns)
+            else []
+        ),
         F.col(f"env.{CORRUPT_COLUMN}").alias("value_corrupt"),
         F.when(F.col("kjson.payload").isNotNull(), F.col("kjson.payload"))
         .otherwise(F.struct(*[F.col(f"kjson.`{k}`").alias(k) for k in key]))
@@ -566,7 +581,7 @@ def decode(
             if c.is_list:  # an element that is not {scale, value}, then one whose text does not fit
                 errors += _element_errors(c, wire, text) + _element_errors(text_column, text, converted)
         else:
-            converted, misfit = convert(c, wire, F.col(_JULIAN)), _misfit(c, wire)
+            converted, misfit = convert(c, wire, _julian_mark(c)), _misfit(c, wire)
             if c.is_list:
                 errors.extend(_element_errors(c, wire, converted))
         values[c.name] = converted

@@ -156,17 +156,25 @@ def _month_days(year: int, month: int) -> int:
 # ---- Spark's decoder
 
 
-def spark_julian_snapshot(source: SparkColumn) -> SparkColumn:
+def julian_list(column: Column) -> bool:
+    """A list of timestamps that Debezium's PostgreSQL connector (of JULIAN_SNAPSHOT_VERSIONS) reads in
+    the Julian calendar in every event, snapshot or streamed: seen with 3.4.3, a ``timestamp[]`` element
+    of the year 1000 arrives 5 days late in both; a ``timestamptz[]`` element (ZonedTimestamp text)
+    arrives exact in both, so its elements are never put back."""
+    return column.is_list and column.encoding in _TIMESTAMPS and column.encoding is not Encoding.TIMESTAMP_ISO
+
+
+def spark_julian_snapshot(source: SparkColumn, *, streamed_too: bool = False) -> SparkColumn:
     """True for an event (``source``: the envelope's source section as JSON text) that a Debezium
-    PostgreSQL snapshot read in the Julian calendar (see the module's docstring); never null."""
+    PostgreSQL snapshot read in the Julian calendar (see the module's docstring); never null. With
+    ``streamed_too``, for any event of such a connector (what :func:`julian_list` columns need)."""
     fields = F.from_json(source, ", ".join(f"{name} string" for name in SNAPSHOT_SOURCE_FIELDS))
     snapshot = fields.getField("snapshot")
-    julian = (
-        (fields.getField("connector") == "postgresql")
-        & snapshot.isNotNull()
-        & (snapshot != "false")
-        & fields.getField("version").rlike(JULIAN_SNAPSHOT_VERSIONS)
+    julian = (fields.getField("connector") == "postgresql") & fields.getField("version").rlike(
+        JULIAN_SNAPSHOT_VERSIONS
     )
+    if not streamed_too:
+        julian = julian & snapshot.isNotNull() & (snapshot != "false")
     return F.coalesce(julian, F.lit(False))
 
 
@@ -286,7 +294,7 @@ class Misfit(ValueError):
     """A value the Arrow decoder leaves to Spark's, which dead-letters it with a reason."""
 
 
-def arrow_julian_snapshot(source: pa.Array) -> np.ndarray:
+def arrow_julian_snapshot(source: pa.Array, *, streamed_too: bool = False) -> np.ndarray:
     """:func:`spark_julian_snapshot` for the Arrow decoder's parsed ``source`` structs."""
 
     def field(name: str) -> pa.Array:
@@ -297,8 +305,8 @@ def arrow_julian_snapshot(source: pa.Array) -> np.ndarray:
         [
             pc.is_valid(source),
             pc.equal(field("connector"), "postgresql"),
-            pc.not_equal(field("snapshot"), "false"),
             pc.match_substring_regex(field("version"), JULIAN_SNAPSHOT_VERSIONS),
+            *([] if streamed_too else [pc.not_equal(field("snapshot"), "false")]),
         ],
     )
     return np.asarray(julian.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)

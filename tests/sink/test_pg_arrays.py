@@ -61,15 +61,20 @@ COLUMNS = [
         "instants",
         "timestamptz[]",
         "list<timestamptz>",
-        "ARRAY[timestamptz '2024-01-02 03:04:05.123456+02', NULL, timestamptz '1969-12-31 23:59:59.999999+00']",
-        "ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds']",
+        "ARRAY[timestamptz '2024-01-02 03:04:05.123456+02', NULL, timestamptz '1969-12-31 23:59:59.999999+00',"
+        " timestamptz '1582-10-04 23:59:59.999999+00']",
+        "ARRAY[timestamptz '2026-03-01 10:00:00+02' + g * interval '1 hour 7 minutes 13.5 seconds',"
+        " timestamptz '1000-01-01 12:00+00' + g * interval '1 day 1 second']",
     ),
     (
         "stamps",
         "timestamp[]",
         "list<timestamp>",
-        "ARRAY[timestamp '2024-01-02 03:04:05.123456', NULL, timestamp '1969-12-31 23:59:59.999999']",
-        "ARRAY[timestamp '2026-03-01 08:00:00.000001' + g * interval '13 minutes 0.25 seconds']",
+        "ARRAY[timestamp '2024-01-02 03:04:05.123456', NULL, timestamp '1969-12-31 23:59:59.999999',"
+        " timestamp '1582-10-15 00:00', timestamp '1582-10-04 23:59:59.999999']",
+        # and one of the Julian era, which the connector reads in the Julian calendar (see temporal.py)
+        "ARRAY[timestamp '2026-03-01 08:00:00.000001' + g * interval '13 minutes 0.25 seconds',"
+        " timestamp '1000-01-01 12:00' + g * interval '1 day 1 second']",
     ),
     (
         "ids",
