@@ -83,6 +83,9 @@ TEMPORAL = frozenset(
     }
 )
 _TIMES = (Encoding.TIME_MILLIS, Encoding.TIME_MICROS, Encoding.TIME_NANOS)
+# Elements of a list that the connector reads in the Julian calendar (see julian_list): ZonedTimestamp
+# text is not among them.
+_JULIAN_READ_LIST_ELEMENTS = (Encoding.TIMESTAMP_MILLIS, Encoding.TIMESTAMP_MICROS, Encoding.TIMESTAMP_NANOS)
 _MILLIS = (Encoding.TIME_MILLIS, Encoding.TIMESTAMP_MILLIS)
 _NANOS = (Encoding.TIME_NANOS, Encoding.TIMESTAMP_NANOS)
 # ZonedTimestamp text as Debezium writes it: a year of 4 digits (a sign for 5 or more, or below 0).
@@ -161,7 +164,7 @@ def julian_list(column: Column) -> bool:
     the Julian calendar in every event, snapshot or streamed: seen with 3.4.3, a ``timestamp[]`` element
     of the year 1000 arrives 5 days late in both; a ``timestamptz[]`` element (ZonedTimestamp text)
     arrives exact in both, so its elements are never put back."""
-    return column.is_list and column.encoding in _TIMESTAMPS and column.encoding is not Encoding.TIMESTAMP_ISO
+    return column.is_list and column.encoding in _JULIAN_READ_LIST_ELEMENTS
 
 
 def spark_julian_snapshot(source: SparkColumn, *, streamed_too: bool = False) -> SparkColumn:
