@@ -279,19 +279,28 @@ class Bench:
 
     # -- read side ---------------------------------------------------------------------------------
 
-    def read_side(self) -> dict[str, Any]:
+    def _landed_in_commits(
+        self, prefix: str, seed: int, what: str, extra: dict[str, Any] | None = None
+    ) -> tuple[str, Workload, str]:
+        """A fresh topic of read_commits x read_events_per_commit upsert events, landed by icesink in that
+        many commits (one per batch): the topic, the workload that made it, the table."""
         commits, per = self.size.read_commits, self.size.read_events_per_commit
-        topic = unique("bench_read")
+        topic = unique(prefix)
         ensure_topic(self.stack.kafka, topic, self.partitions)
-        workload = Workload(keys=max(per * 5, 5_000), seed=self.args.seed + 2)
+        workload = Workload(keys=max(per * 5, 5_000), seed=self.args.seed + seed)
         produce(self.stack.kafka, topic, workload.generate(commits * per))
-        name = unique("bench_read")
+        name = unique(prefix)
         table = f"{name}.t"
-        log(f"read side: {commits} commits of {per} events into {table}")
-        config = sink_config(self.stack, name, topic, table, "upsert", per, 1)
+        log(f"{what}: {commits} commits of {per} events into {table}")
+        config = sink_config(self.stack, name, topic, table, "upsert", per, 1, extra=extra)
         sink = Sink(self.stack, self.workdir, name, config)
         sink.start("--until-caught-up")
         sink.wait(timeout=3600)
+        return topic, workload, table
+
+    def read_side(self) -> dict[str, Any]:
+        per = self.size.read_events_per_commit
+        _, workload, table = self._landed_in_commits("bench_read", 2, "read side")
         spark = self.session()
         before = readside.scan_times(spark, self.stack, table)
         if before["rows"] != len(workload.live):
@@ -313,20 +322,10 @@ class Bench:
         (partition-scoped deletes), itself compacted and a copy, read by Trino with WHERE country = 'de'
         (bench/partition_scan.py)."""
         commits, per = self.size.read_commits, self.size.read_events_per_commit
-        topic = unique("bench_trino")
-        ensure_topic(self.stack.kafka, topic, self.partitions)
-        workload = Workload(keys=max(per * 5, 5_000), seed=self.args.seed + 3)
-        produce(self.stack.kafka, topic, workload.generate(commits * per))
-        name = unique("bench_trino")
-        table = f"{name}.t"
-        log(
-            f"trino partition predicate: {commits} commits of {per} events into {table} (partitioned by country)"
-        )
         extra = {"table": {"partition_by": [partition_scan.PARTITION_BY]}}
-        config = sink_config(self.stack, name, topic, table, "upsert", per, 1, extra=extra)
-        sink = Sink(self.stack, self.workdir, name, config)
-        sink.start("--until-caught-up")
-        sink.wait(timeout=3600)
+        topic, workload, table = self._landed_in_commits(
+            "bench_trino", 3, "trino partition predicate (partitioned by country)", extra
+        )
         stream = baselines.SparkStream(
             self.session(), self.stack, "merge", topic, unique("bench_trino"), partition_scan.PARTITION_BY
         )
