@@ -45,6 +45,11 @@ def change(key: int, name: str, source: dict[str, Any]) -> tuple[str, str]:
     return json.dumps({"id": key}), json.dumps({"schema": CHANGE_SCHEMA, "payload": payload})
 
 
+# The test sinks' drivers are short-lived JVMs on a 2-core machine: the C1 compiler alone and the serial
+# collector start them in much less CPU than C2 and G1 (a production sink keeps the JVM's defaults).
+TEST_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
 def _environment(changes: Mapping[str, str | None] | None) -> dict[str, str]:
     """The test's environment with ``changes`` (a None value removes the variable)."""
     return {k: v for k, v in {**os.environ, **(changes or {})}.items() if v is not None}
@@ -223,7 +228,7 @@ def new_sink(
         "txnlog": {"dsn": "${ICESINK_PG_DSN}"},
         "commit": {"trigger_interval": "1s"},
         "write": {"parallelism": 2},
-        "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g"}},
+        "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g", **TEST_JVM}},
     }
     for section, values in overrides.items():
         if isinstance(values, dict):
