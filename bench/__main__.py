@@ -406,18 +406,16 @@ class Bench:
                 except Exception as exc:  # keep the other figures
                     log(f"freshness {who} failed: {exc!r}")
                     r.setdefault("errors", []).append(f"freshness {who}: {exc!r}")
-        if "read-side" in parts:
-            try:
-                r["read_side"] = self.read_side()
-            except Exception as exc:
-                log(f"read side failed: {exc!r}")
-                r.setdefault("errors", []).append(f"read side: {exc!r}")
-        if "trino-partition" in parts:
-            try:
-                r["trino_partition"] = self.trino_partition()
-            except Exception as exc:
-                log(f"trino partition predicate failed: {exc!r}")
-                r.setdefault("errors", []).append(f"trino partition predicate: {exc!r}")
+        for part, key, what, measure in (
+            ("read-side", "read_side", "read side", self.read_side),
+            ("trino-partition", "trino_partition", "trino partition predicate", self.trino_partition),
+        ):
+            if part in parts:
+                try:
+                    r[key] = measure()
+                except Exception as exc:  # keep the other figures
+                    log(f"{what} failed: {exc!r}")
+                    r.setdefault("errors", []).append(f"{what}: {exc!r}")
         r["ratios"] = self.ratios()
         r["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["duration_s"] = round(time.monotonic() - started, 1)
