@@ -15,6 +15,8 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from service.source import CLIENT_LOGGER
+
 COUNTRIES = ("de", "fr", "us", "jp", "br", "in")
 COLUMNS_SCHEMA = [
     {"field": "id", "type": "int64", "optional": False},
@@ -152,7 +154,13 @@ def produce(bootstrap: str, topic: str, changes: list[Change], options: dict[str
     from confluent_kafka import Producer
 
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True, **(options or {})}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "logger": CLIENT_LOGGER,
+            **(options or {}),
+        }
     )
     for change in changes:
         producer.produce(topic, key=json.dumps(change.key), value=json.dumps(change.value))
@@ -165,7 +173,7 @@ def produce(bootstrap: str, topic: str, changes: list[Change], options: dict[str
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=CLIENT_LOGGER)
     if topic in admin.list_topics(timeout=15).topics:
         return
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])

@@ -16,6 +16,9 @@ from service.channel.pending import Offsets, offsets_from_json
 from service.config import KafkaConfig
 
 logger = logging.getLogger(__name__)
+# librdkafka's own log lines go through Python logging (JSON when configured), never raw to stderr.
+# They are delivered when a client polls; what is left unpolled when a client closes is dropped.
+CLIENT_LOGGER = logging.getLogger("icesink.kafka")
 
 # Java-client properties that librdkafka does not know; they are passed to Spark only.
 _JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.", "ssl.keystore.", "sasl.login.", "sasl.client.callback")
@@ -31,7 +34,7 @@ class SourceError(RuntimeError):
 
 def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
     options = {k: v for k, v in kafka.options.items() if not k.startswith(_JAVA_ONLY)}
-    return {"bootstrap.servers": kafka.bootstrap_servers, **options, **extra}
+    return {"bootstrap.servers": kafka.bootstrap_servers, "logger": CLIENT_LOGGER, **options, **extra}
 
 
 def spark_options(kafka: KafkaConfig) -> dict[str, str]:
