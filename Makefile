@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTEST_ARGS ?=
+# Test files run in parallel on this many pytest-xdist workers (a file stays on one worker: its
+# fixtures and sinks are shared by its tests). A sink test waits on a JVM for half its time, so 2
+# workers on 2 cores take ~60% of the serial time. PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 2
 BENCH_ARGS ?= --size small
 
 .PHONY: help bootstrap stack-up stack-down stack-status test chaos lint demo chart-check bench
@@ -29,11 +33,11 @@ stack-status:
 
 test: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "not chaos and not bench and not slow" --durations=40 $(PYTEST_ARGS)
+	.venv/bin/pytest -m "not chaos and not bench and not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
 
 chaos: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "chaos or slow" tests/chaos tests/txnlog $(PYTEST_ARGS)
+	.venv/bin/pytest -m "chaos or slow" tests/chaos tests/txnlog tests/sink/test_restarts.py $(PYTEST_ARGS)
 
 bench: bootstrap
 	dev/stack up

@@ -1,4 +1,8 @@
-"""The sink stopped and restarted in the middle of a workload (kill -9 and SIGTERM) ends exact."""
+"""The sink stopped and restarted in the middle of a workload (kill -9 and SIGTERM) ends exact.
+
+A kill at a random moment: part of `make chaos`; the kills at each fail point of the commit are in
+tests/chaos and tests/sink/test_recovery.py.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,13 @@ import signal
 import threading
 from typing import Any
 
+import pytest
+
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, assert_seqs_increasing
 from tests.sink.test_end_to_end import _catalog
+
+pytestmark = pytest.mark.chaos
 
 
 def test_killed_and_restarted_mid_workload(make_sink: Any, spark: Any) -> None:
