@@ -88,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     Committer.commit = phases.timed(
         lambda: "commit: txnlog precommit, Iceberg snapshot, txnlog commit", Committer.commit
     )  # type: ignore[method-assign]
-    import service.job as job_module
+    import service.pipeline.table as table_module
 
     for fn in ("decode", "latest_per_key"):  # building (and analysing) the batch's query plan
         setattr(
-            job_module,
+            table_module,
             fn,
-            phases.timed(lambda fn=fn: f"driver: build the {fn} plan", getattr(job_module, fn)),
+            phases.timed(lambda fn=fn: f"driver: build the {fn} plan", getattr(table_module, fn)),
         )
     import service.data.arrow_batch as arrow_module
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             phases.samples[label].append((phases.batch, seconds, seconds))
         return batch
 
-    job_module.arrow_batch.run = arrow_run  # type: ignore[attr-defined]
+    arrow_module.run = arrow_run
     job = SinkJob(config)
     job.catalog.load_table = phases.timed(lambda: "catalog: load_table", job.catalog.load_table)  # type: ignore[method-assign]
     inner = job._on_batch

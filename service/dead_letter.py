@@ -9,7 +9,7 @@ reason cut to ``MAX_ERROR_BYTES``) and as much of its key and value as fits, and
 batch's: such a dead letter is sent again without its value, and when even that is refused its
 source coordinates are logged and counted (``icesink.dead_letters.failed``), and the batch commits.
 Errors of the topic or the cluster (unknown topic, authorization, broker unreachable) fail the write,
-and the batch is retried as a whole (``SinkJob._retrying``): dead letters are never dropped silently.
+and the batch is retried as a whole (``TablePipeline._retrying``, service.pipeline.table): dead letters are never dropped silently.
 """
 
 from __future__ import annotations

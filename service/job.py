@@ -9,10 +9,8 @@ txnlog. Spark's checkpoint is a throwaway directory: the log is the truth.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shutil
 import socket
 import sys
@@ -20,136 +18,47 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime
-from functools import partial, reduce
-from typing import Any, TypeVar
+from functools import reduce
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from confluent_kafka.admin import AdminClient
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from service import dead_letter, spark_jars
-from service.channel.cadence import CommitCadence
+from service import spark_jars
+from service.channel.cadence import Buffer, CommitCadence
 from service.channel.committer import Committer
-from service.channel.pending import Offsets, PendingCommit, merge_offsets, new_snapshot_id
-from service.config import Mode, SinkConfig
-from service.data import arrow_batch
-from service.data.arrow_decode import Declined, unsupported
-from service.data.columns import (
-    Column,
-    Encoding,
-    SchemaError,
-    column_from_config,
-    columns_for_table,
-    columns_from_envelope_schema,
-    with_encodings,
-)
-from service.data.debezium import (
-    ERROR_COLUMN,
-    KAFKA_POSITION,
-    SOURCE_COLUMNS,
-    decode,
-    latest_per_key,
-    schema_text,
-)
-from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition
+from service.channel.pending import Offsets, PendingCommit, merge_offsets
+from service.config import SinkConfig
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
-from service.iceberg.datafile_json import from_json
-from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
-from service.iceberg.tables import (
-    DEFAULT_TABLE_PROPERTIES,
-    check_write_properties,
-    delete_spec,
-    ensure_table,
-    format_version_problem,
-    open_catalog,
-    parse_partition_field,
-)
+from service.iceberg.catalog import catalog_retries, connect
 from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.offsets import OffsetsGone, check_committed, recreated
-from service.retrying import Backoff, catalog_answer, log_failure, retry_call
+from service.pipeline.result import TableWrite
+from service.pipeline.table import StopRequested, TablePipeline
+from service.report import report_commit
+from service.retrying import Backoff, retry_call
 from service.source import (
     SourceError,
     admin,
     batch_end_offsets,
     end_offsets,
     partitions,
-    peek_schema,
     spark_options,
     starting_offsets,
     topic_ids,
 )
 from service.spark_jars import SparkJarsError
 from service.txnlog_client import open_txnlog
-from service.units import parse_duration
 from txnlog import Fenced, Lease, LockTimeout
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class StopRequested(RuntimeError):
-    """A batch that began after a stop request is not processed (its offsets stay uncommitted)."""
 
 
 class SinkFenced(RuntimeError):
     """A newer replica took over; this one must stop without writing anything more."""
-
-
-def _brief(exc: BaseException) -> str:
-    """An error in one line: Spark wraps worker failures in pages of Java and Python stack traces."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
-    last = causes[-1] if causes else lines[-1]
-    first = lines[0][:300]
-    return f"{type(exc).__name__}: {first}" + (f" ... {last[:300]}" if last[:300] != first else "")
-
-
-REQUEST_TIMEOUT_PROPERTY = "icesink.request-timeout"  # catalog property, a duration (default 60s)
-
-
-def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
-    """Give the REST catalog's HTTP requests a timeout; pyiceberg sets none.
-
-    A catalog that accepts a request and never answers would otherwise stall the sink for good. A
-    commit that times out is an unknown outcome: the Committer looks for its snapshot, then retries.
-    """
-    session = getattr(catalog, "_session", None)
-    if session is None:
-        return
-    send = session.request
-
-    def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("timeout") is None:
-            kwargs["timeout"] = timeout_s
-        return send(method, url, *args, **kwargs)
-
-    session.request = request
-
-
-def catalog_retries(config: SinkConfig, what: str, call: Callable[[], T]) -> T:
-    """Run a start-up step that talks to the catalog, again after an answer that may pass.
-
-    A catalog whose database connection was just reset answers a 500 once, a busy one a 429: start-up
-    waits and tries again (``commit.retries`` attempts, backoff 0.5 s doubling to 10 s) instead of
-    crashing. Every start-up step is safe to run again: it loads what exists and creates only what is
-    missing.
-    """
-    attempts = config.commit.retries
-    return retry_call(
-        call,
-        Backoff(attempts, initial_s=0.5, max_s=10.0),
-        retry_on=lambda exc: catalog_answer(exc) is not None,
-        on_failure=log_failure(logger, what, attempts),
-    )
 
 
 def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
@@ -203,71 +112,6 @@ def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
     return spark
 
 
-def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column] | None) -> None:
-    """Refuse key and partition settings a new table can't have, before anything is created.
-
-    Otherwise the error surfaces halfway: after the namespace was created, or (a transform that does
-    not fit its column's type) after the table was created without its partitioning.
-    """
-    from service.data.columns import SchemaError, check_key_types
-
-    cfg = config.table
-    if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
-        return
-    version = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}["format-version"]
-    if (problem := format_version_problem(cfg.identifier, version)) is not None:
-        raise SchemaError(f"table.properties: {problem}")
-    types = {c.name: c.type for c in declared}
-    missing = [k for k in cfg.key if k not in types]
-    if missing:
-        raise SchemaError(f"table.key: column(s) {missing} are not among the columns {sorted(types)}")
-    check_key_types(types, cfg.key)
-    for text in cfg.partition_by:
-        column, transform = parse_partition_field(text)
-        if column not in types:
-            raise SchemaError(f"partition_by: column {column!r} is not among the columns {sorted(types)}")
-        if not transform.can_transform(types[column]):
-            raise SchemaError(
-                f"partition_by: {text!r}: {transform} can't be applied to {column} (type {types[column]})"
-            )
-
-
-def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, dict[str, Encoding]]:
-    """The table (created or evolved if needed) and the encodings the events use per column."""
-    declared: list[Column] | None = None
-    if config.table.columns:
-        declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in config.table.columns]
-    else:
-        schema = peek_schema(config.kafka)
-        if schema is not None:
-            declared = columns_from_envelope_schema(schema, variable_scale=config.source.variable_scale_type)
-    check_new_table(config, catalog, declared)
-    table = ensure_table(catalog, config, declared)
-    return table, {c.name: c.encoding for c in declared or []}
-
-
-@dataclass
-class _Buffer:
-    """Micro-batches read but not yet committed (see service.channel.cadence)."""
-
-    frames: list[DataFrame] = field(default_factory=list)
-    offsets: Offsets = field(default_factory=dict)
-    bytes: int = 0
-    newest: datetime | None = None
-    since: float | None = None  # time.monotonic() when the first batch was buffered
-
-    def age(self, now: float) -> float:
-        return 0.0 if self.since is None else now - self.since
-
-
-@dataclass
-class BatchOutcome:
-    records: int = 0
-    dead_letters: int = 0
-    by_op: dict[str, int] = field(default_factory=dict)
-    decoder: str = "spark"
-
-
 class SinkJob:
     def __init__(self, config: SinkConfig, health: Health | None = None) -> None:
         self.config = config
@@ -275,15 +119,25 @@ class SinkJob:
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.log = open_txnlog(config, "run")
         self.metrics: SinkMetrics = setup_metrics(config.metrics, config.sink_id, config.table.identifier)
-        self.catalog = catalog_retries(config, "connecting to the catalog", lambda: open_catalog(config))
-        bound_catalog_requests(
-            self.catalog, parse_duration(config.catalog.get(REQUEST_TIMEOUT_PROPERTY, "60s")).total_seconds()
-        )
+        self.catalog = connect(config)
         self.fatal: BaseException | None = None
         self._batch_lock = threading.Lock()
-        self._buffer = _Buffer()
+        self._buffer = Buffer()
         self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period)
         self._stop_requested = threading.Event()
+        self._target: Offsets | None = None  # until_caught_up: where the run stops
+        self._checkpoint: str  # run(): Spark's throwaway checkpoint, where each batch's end is read
+        # Set by prepare(): the topics' partitions and ids, the table's pipeline, and whether batches
+        # try the Arrow path first.
+        self.partitions: dict[str, list[int]]
+        self.topic_ids: dict[str, str]
+        self._admin: AdminClient
+        self.pipeline: TablePipeline
+        self.arrow_decoder: bool
+        # Set by claim_and_recover(): the claim, its committer, and the committed offsets.
+        self.lease: Lease
+        self.committer: Committer
+        self.offsets: Offsets
 
     def request_stop(self) -> None:
         """Stop after the batch in flight (if any) is committed: SIGTERM's graceful path."""
@@ -304,21 +158,12 @@ class SinkJob:
         self.partitions = partitions(self.config.kafka)
         self._admin = admin(self.config.kafka)
         self.topic_ids = topic_ids(self._admin, list(self.partitions))
-        self.table, self.encodings = catalog_retries(
-            self.config, "loading (or creating) the table", lambda: resolve_columns(self.config, self.catalog)
-        )
-        check_write_properties(self.table, self.config.write.table_properties())
-        self.columns = columns_for_table(self.table.schema(), self.encodings)
-        # Events with schema sections are watched for schema changes; configured columns are fixed.
-        self.track_schemas = not self.config.table.columns
-        self.known_schemas: dict[str, dict[str, Encoding]] = {}  # schema text → its columns' encodings
-        self.rejected_schemas: dict[str, str] = {}
-        self.arrow_schemas: set[str] = set()  # schema sections the Arrow path checked (normalised)
+        self.pipeline = TablePipeline.open(self.config, self.catalog, self.metrics)
         self.arrow_decoder = self._arrow_decoder_usable()
 
     def claim_and_recover(self) -> None:
         """Claim the sink (fencing older replicas), then finish what the last one left in precommit."""
-        self.lease: Lease = self._claim()
+        self.lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
             self.log, self.lease, self.catalog, self.metrics, max_attempts=self.config.commit.retries
@@ -334,7 +179,7 @@ class SinkJob:
             self.committer.recover()
             committed = self.committer.committed()
             check_committed(self.config, self.partitions, self.topic_ids, committed)
-            self.offsets: Offsets = committed.offsets if committed else {}
+            self.offsets = committed.offsets if committed else {}
             self._record_starting_offsets()
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
@@ -378,42 +223,7 @@ class SinkJob:
             logger.info("decoding every batch with Spark's decoder: %s", reason)
             return False
         logger.info("decoding with the Arrow decoder; Spark's decoder takes any batch it declines")
-        self._arrow_skip_reason: str | None = None
         return True
-
-    def _arrow_path_for_this_batch(self) -> bool:
-        """The Arrow path can be off for a while: a column without an Arrow conversion (added by an
-        evolution), or events dead-lettered for their schema (only Spark's decoder knows which)."""
-        reason = unsupported(self.columns)
-        if reason is None and self.rejected_schemas:
-            reason = "events of an incompatible schema are being dead-lettered"
-        if reason != self._arrow_skip_reason:
-            if reason:
-                logger.info("decoding batches with Spark's decoder for now: %s", reason)
-            self._arrow_skip_reason = reason
-        return reason is None
-
-    def _check_schema_sections(self, table: Table, texts: set[str]) -> str | None:
-        """Why the Arrow path can't take events with these schema sections, or None.
-
-        A section is taken when the table needs no change for it (the tasks decoded each event with
-        its own section's encodings); anything else (a new column, a widening, an incompatible
-        change) is for Spark's path, whose schema step evolves the table or refuses.
-        """
-        policy = EvolutionPolicy(self.config.table.schema_evolution)
-        for text in texts - self.arrow_schemas:
-            try:
-                columns = columns_from_envelope_schema(
-                    json.loads(text), variable_scale=self.config.source.variable_scale_type
-                )
-                evolution = plan(table.schema(), columns)
-                check(evolution, policy, self.config.table.identifier)
-            except (SchemaError, ValueError):
-                return "an event schema that does not fit the table"
-            if evolution.changes:
-                return f"an event schema that evolves the table ({evolution.describe()})"
-            self.arrow_schemas.add(text)
-        return None
 
     def _claim(self, attempts: int = 5) -> Lease:
         """Claim the sink, waiting for a predecessor that still holds the row in the middle of a commit.
@@ -437,10 +247,6 @@ class SinkJob:
             retry_on=lambda exc: isinstance(exc, LockTimeout),
             on_failure=waiting,
         )
-
-    @property
-    def upsert(self) -> bool:
-        return self.config.table.mode is Mode.UPSERT
 
     # -- the stream ----------------------------------------------------------------------------------
 
@@ -600,25 +406,22 @@ class SinkJob:
     # -- one batch -------------------------------------------------------------------------------------
 
     def process_batch(self, records: DataFrame, end: Offsets) -> None:
-        """Buffer one micro-batch; commit the buffer when the cadence says so (default: every batch).
+        """Write one micro-batch and commit it, or buffer it while the cadence says to wait.
 
         ``end`` is where Spark's source ends the batch (:func:`service.source.batch_end_offsets`):
-        what the commit covers, past any aborted records and transaction markers at its end.
+        what the commit covers, past any aborted records and transaction markers at its end. With an
+        empty buffer the Arrow path is tried first; a batch it declines is written by Spark's path.
         """
-        if (
-            self.arrow_decoder
-            and not self._buffer.frames
-            and self._arrow_path_for_this_batch()
-            and self._flush_arrow(records, end)
-        ):
-            return
+        if self.arrow_decoder and not self._buffer.frames and self.pipeline.arrow_ready():
+            write = self.pipeline.write_arrow(records, merge_offsets(self.offsets, end))
+            if write is not None:
+                if write.records or write.offsets != self.offsets:
+                    self._commit(write)
+                return
         records = records.persist()
         ranges = (
             records.groupBy("topic", "partition")
-            .agg(
-                F.max("timestamp").alias("newest"),
-                F.sum(F.length("value")).alias("bytes"),
-            )
+            .agg(F.max("timestamp").alias("newest"), F.sum(F.length("value")).alias("bytes"))
             .collect()
         )
         buffer = self._buffer
@@ -629,31 +432,23 @@ class SinkJob:
             else:
                 self._commit_offsets(end)
             return
-        buffer.frames.append(records)
-        buffer.offsets = merge_offsets(buffer.offsets, end)
-        now = time.monotonic()
-        if buffer.since is None:
-            buffer.since = now
-        for row in ranges:
-            buffer.bytes += row["bytes"] or 0
-            if row["newest"] is not None and (buffer.newest is None or row["newest"] > buffer.newest):
-                buffer.newest = row["newest"]
-        if self.cadence.due(buffer.bytes, buffer.age(now)):
+        newest = max((r["newest"] for r in ranges if r["newest"] is not None), default=None)
+        buffer.add(records, end, sum(r["bytes"] or 0 for r in ranges), newest, time.monotonic())
+        if self.cadence.due(buffer.bytes, buffer.age(time.monotonic())):
             self.flush()
         else:
             logger.debug("buffered %d bytes in %d batch(es); not yet due", buffer.bytes, len(buffer.frames))
 
     def flush(self) -> None:
         """Decode, compact, write and commit everything buffered, as one snapshot."""
-        buffer, self._buffer = self._buffer, _Buffer()
+        buffer, self._buffer = self._buffer, Buffer()
         if not buffer.frames:
             return
-        started = time.monotonic()
         records = reduce(DataFrame.unionAll, buffer.frames)
-        offsets = merge_offsets(self.offsets, buffer.offsets)
         try:
-            pending, outcome = self._retrying(lambda: self._evolve_and_write(records, offsets))
-            self._commit(pending, outcome, started, buffer.newest)
+            self._commit(
+                self.pipeline.write_spark(records, merge_offsets(self.offsets, buffer.offsets), buffer.newest)
+            )
         finally:
             for frame in buffer.frames:
                 frame.unpersist()
@@ -666,289 +461,20 @@ class SinkJob:
         """
         offsets = merge_offsets(self.offsets, end)
         if offsets != self.offsets:
-            outcome = BatchOutcome()
-            self._commit(self._pending([], offsets, outcome), outcome, time.monotonic(), None)
-
-    def _flush_arrow(self, records: DataFrame, end: Offsets) -> bool:
-        """Write and commit the batch through the one-job Arrow path; False if it declined the batch."""
-        started = time.monotonic()
-        try:
-            batch = self._retrying(lambda: self._write_arrow(records))
-        except Declined as exc:
-            logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
-            self.metrics.declined_batches.add(1, self.metrics.attrs())
-            return False
-        logger.debug(
-            "Arrow batch: %d records; in the tasks: decode + compaction %.2fs, files %.2fs; job %.2fs",
-            batch.records,
-            batch.task_seconds.get("decode", 0.0),
-            batch.task_seconds.get("write", 0.0),
-            time.monotonic() - started,
-        )
-        offsets = merge_offsets(self.offsets, end)
-        if batch.records or offsets != self.offsets:
-            outcome = BatchOutcome(records=batch.records, by_op=batch.by_op, decoder="arrow")
-            self._commit(self._pending(batch.files, offsets, outcome), outcome, started, batch.newest)
-        return True
-
-    def _commit(self, pending: PendingCommit, outcome: BatchOutcome, started: float, newest: object) -> None:
-        written = time.monotonic()
-        self.metrics.write_duration.record(written - started, self.metrics.attrs())
-        result = self.committer.commit(pending)
-        committed = time.monotonic()
-        self.offsets = pending.offsets
-        self._record(pending, outcome, result.seq, written - started, committed - written, newest)
-
-    def _retrying(self, write: Callable[[], T]) -> T:
-        """Run ``write`` (a batch's files, no commit), retrying failures that are not the records' fault.
-
-        A batch that fails as a whole (catalog or object store down, the dead-letter topic refusing
-        writes) is retried with bounded exponential backoff, and its records are never dead-lettered
-        for it. Nothing is precommitted before this returns, so a retry is safe; the files of a failed
-        attempt are orphans (``icesink orphans``). After ``commit.retries`` attempts the error stops the
-        sink, and a restart resumes from the committed offsets.
-        """
-        attempts = self.config.commit.retries
-
-        def on_failure(attempt: int, exc: BaseException) -> None:
-            logger.warning(
-                "writing the batch failed (attempt %d/%d): %s", attempt, max(1, attempts), _brief(exc)
+            now = time.monotonic()
+            self._commit(
+                TableWrite(table=self.pipeline.identifier, offsets=offsets, started=now, written=now)
             )
 
-        return retry_call(
-            write,
-            Backoff(attempts, initial_s=1.0, max_s=30.0),
-            retry_on=lambda exc: (
-                isinstance(exc, Exception) and not isinstance(exc, SchemaError | StopRequested | Declined)
-            ),
-            on_failure=on_failure,
-        )
-
-    def _evolve_and_write(self, records: DataFrame, offsets: Offsets) -> tuple[PendingCommit, BatchOutcome]:
-        return self._write(records, offsets, self._evolve(records))
-
-    def _write_arrow(self, records: DataFrame) -> arrow_batch.ArrowBatch:
-        table = self.catalog.load_table(self.config.table.identifier)
-        spec = arrow_batch.ArrowBatchSpec(
-            write=self._write_spec(table),
-            columns=self.columns,
-            max_record_bytes=self.config.source.max_record_bytes,
-            schema_sections=self.track_schemas,
-        )
-        check_schemas = partial(self._check_schema_sections, table) if self.track_schemas else None
-        return arrow_batch.run(records, spec, check_schemas)
-
-    def _write_spec(self, table: Table) -> WriteSpec:
-        """What the tasks need to write this batch's files into ``table`` as it is now."""
-        cfg = self.config
-        delete_spec_id = None
-        if self.upsert:
-            table, delete_spec_id = delete_spec(table, cfg.table.key)
-        return WriteSpec(
-            metadata=table.metadata,
-            io_properties=dict(table.io.properties),
-            key=list(cfg.table.key),
-            upsert=self.upsert,
-            delete_spec_id=delete_spec_id,
-            writer_properties=cfg.write.table_properties(),
-        )
-
-    def _pending(self, files: list[DataFile], offsets: Offsets, outcome: BatchOutcome) -> PendingCommit:
-        data = [f for f in files if int(f.content) == 0]
-        deletes = [f for f in files if int(f.content) != 0]
-        return PendingCommit(
-            table=self.config.table.identifier,
-            offsets=offsets,
-            snapshot_id=new_snapshot_id() if files else None,
-            data_files=data,
-            delete_files=deletes,
-            topic_ids=dict(self.topic_ids),
-            stats={
-                "records": outcome.records,
-                "dead_letters": outcome.dead_letters,
-                "data_rows": sum(f.record_count for f in data),
-                "delete_rows": sum(f.record_count for f in deletes),
-                "bytes": sum(f.file_size_in_bytes for f in files),
-            },
-        )
-
-    def _evolve(self, records: DataFrame) -> dict[str, list[Column]]:
-        """Evolve the table for schema versions first seen in this batch (service.iceberg.evolution).
-
-        Returns the columns to decode each of the batch's schema versions with, for the versions that
-        encode a column unlike the sink's current columns: a source column changed from DATETIME(3)
-        to DATETIME(6) comes in milliseconds, then in microseconds, and a batch can hold both. The
-        current encodings are those of the batch's newest version (by Kafka timestamp), which the
-        next batches most likely carry.
-        """
-        if not self.track_schemas:
-            return {}
-        section = schema_text(F.col("value")).alias("section")
-        newest_first = [
-            r["section"]
-            for r in records.select(section, "timestamp")
-            .where(F.col("section").isNotNull())
-            .groupBy("section")
-            .agg(F.max("timestamp").alias("newest"))
-            .orderBy(F.col("newest").desc())
-            .collect()
-        ]
-        new = [t for t in newest_first if t not in self.known_schemas and t not in self.rejected_schemas]
-        cfg = self.config.table
-        before = dict(self.encodings)
-        table: Table | None = None  # loaded only when something changes
-        for text in reversed(new):  # oldest first
-            table = table or self.catalog.load_table(cfg.identifier)
-            try:
-                columns = columns_from_envelope_schema(
-                    json.loads(text), variable_scale=self.config.source.variable_scale_type
-                )
-                evolution = plan(table.schema(), columns)
-                check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
-            except SchemaError as exc:
-                if cfg.on_incompatible_schema != "dead_letter":
-                    raise
-                logger.error("events with an incompatible schema go to the dead-letter topic: %s", exc)
-                self.rejected_schemas[text] = str(exc)
-                continue
-            table = apply(table, evolution)
-            self.known_schemas[text] = {c.name: c.encoding for c in columns}
-            self.encodings.update(self.known_schemas[text])
-        latest = next((t for t in newest_first if t in self.known_schemas), None)
-        if latest is not None:
-            self.encodings.update(self.known_schemas[latest])
-        if new or self.encodings != before:
-            table = table or self.catalog.load_table(cfg.identifier)
-            self.columns = columns_for_table(table.schema(), self.encodings)
-            self.arrow_schemas.clear()  # checked against the old table and encodings: check them again
-        versions = {
-            t: with_encodings(self.columns, self.known_schemas[t])
-            for t in newest_first
-            if t in self.known_schemas
-        }
-        return {t: columns for t, columns in versions.items() if columns != self.columns}
-
-    def _write(
-        self, records: DataFrame, offsets: Offsets, versions: dict[str, list[Column]]
-    ) -> tuple[PendingCommit, BatchOutcome]:
-        cfg = self.config
-        columns = [F.col(f"`{c.name}`") for c in self.columns]
-        # Only what counting and writing need is cached: the raw key and value (most of the bytes)
-        # stay in the persisted records, from which the rare dead-letter write decodes again.
-        changes = (
-            self._decode(records, versions)
-            .select(*columns, F.col(OP_COLUMN), *SOURCE_COLUMNS, *KAFKA_POSITION, F.col(ERROR_COLUMN))
-            .persist()
-        )
-        try:
-            outcome = BatchOutcome()
-            for row in (
-                changes.groupBy(OP_COLUMN, F.col(ERROR_COLUMN).isNotNull().alias("bad")).count().collect()
-            ):
-                outcome.records += row["count"]
-                if row["bad"]:
-                    outcome.dead_letters += row["count"]
-                else:
-                    op = row[OP_COLUMN]
-                    outcome.by_op[op] = outcome.by_op.get(op, 0) + row["count"]
-            good = changes.where(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN)
-            rows = latest_per_key(good, cfg.table.key) if self.upsert else good.where(F.col(OP_COLUMN) != "d")
-            table = self.catalog.load_table(cfg.table.identifier)
-            rows = rows.select(*columns, F.col(OP_COLUMN))
-            spec = table.spec()
-            if not spec.is_unpartitioned():
-                sources = [table.schema().find_column_name(f.source_id) for f in spec.fields]
-                rows = rows.repartition(cfg.write.parallelism, *[F.col(f"`{s}`") for s in sources if s])
-            write_spec = self._write_spec(table)
-            files = [
-                from_json(json.loads(r["file"]))
-                for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
-            ]
-            # Last, so that a batch retried because its files could not be written (catalog or object
-            # store down) does not send its dead letters twice.
-            if outcome.dead_letters:
-                self._dead_letter(self._decode(records, versions).where(F.col(ERROR_COLUMN).isNotNull()))
-        finally:
-            changes.unpersist()
-        return self._pending(files, offsets, outcome), outcome
-
-    def _decode(self, records: DataFrame, versions: dict[str, list[Column]]) -> DataFrame:
-        """Spark's decoder; tombstones are deletes in upsert mode and ignored in append mode;
-        ``versions``: see :meth:`_evolve`."""
-        cfg = self.config
-        return decode(
-            records,
-            self.columns,
-            cfg.table.key,
-            cfg.source.max_record_bytes,
-            self.rejected_schemas,
-            tombstones=self.upsert,
-            versions=versions,
-        )
-
-    def _dead_letter(self, bad: DataFrame) -> None:
-        sent = dead_letter.send(
-            bad.withColumnRenamed(ERROR_COLUMN, "error"),
-            self.config.kafka,
-            self.config.dead_letter_topic,
-            self.config.sink_id,
-        )
-        if sent.failed:
-            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
-
-    def _record(
-        self,
-        pending: PendingCommit,
-        outcome: BatchOutcome,
-        seq: int,
-        write_s: float,
-        commit_s: float,
-        newest: object,
-    ) -> None:
-        m = self.metrics
-        attrs = m.attrs()
-        m.commit_duration.record(commit_s, attrs)
-        m.commits.add(1, attrs)
-        for op, n in outcome.by_op.items():
-            m.records.add(n, m.attrs(op=op))
-        if outcome.dead_letters:
-            m.dead_letters.add(outcome.dead_letters, attrs)
-        for content, files in (("data", pending.data_files), ("delete", pending.delete_files)):
-            if files:
-                m.written_bytes.add(sum(f.file_size_in_bytes for f in files), m.attrs(content=content))
-                m.written_files.add(len(files), m.attrs(content=content))
-        if hasattr(newest, "timestamp"):
-            m.set_freshness(max(0.0, time.time() - newest.timestamp()))
-        logger.info(
-            "committed seq %d to %s: snapshot %s, %d records (%s), %d dead letters, %d data + %d delete rows, "
-            "%d bytes, write %.2fs, commit %.2fs, %s decoder",
-            seq,
-            pending.table,
-            pending.snapshot_id,
-            outcome.records,
-            ", ".join(f"{k}={v}" for k, v in sorted(outcome.by_op.items())) or "none",
-            outcome.dead_letters,
-            pending.stats["data_rows"],
-            pending.stats["delete_rows"],
-            pending.stats["bytes"],
-            write_s,
-            commit_s,
-            outcome.decoder,
-            extra={
-                "fields": {
-                    "table": pending.table,
-                    "snapshot_id": pending.snapshot_id,
-                    "seq": seq,
-                    "records": outcome.records,
-                    "bytes": pending.stats["bytes"],
-                    "duration_s": round(write_s + commit_s, 3),
-                    "write_s": round(write_s, 3),
-                    "commit_s": round(commit_s, 3),
-                    "decoder": outcome.decoder,
-                }
-            },
-        )
-        if hasattr(self, "_target"):
+    def _commit(self, write: TableWrite) -> None:
+        """Commit a batch's write (service.channel.committer), then report it."""
+        self.metrics.write_duration.record(write.write_s, self.metrics.attrs())
+        plan = write.plan(self.topic_ids)
+        before = time.monotonic()
+        result = self.committer.commit(plan)
+        self.offsets = plan.offsets
+        report_commit(self.metrics, write, plan, result.seq, time.monotonic() - before)
+        if self._target is not None:
             done = sum(o for t in self.offsets.values() for o in t.values())
             todo = sum(o for t in self._target.values() for o in t.values())
             logger.info("catch-up progress: %d of %d offsets", min(done, todo), todo)

@@ -157,3 +157,14 @@ def log_failure(logger: logging.Logger, what: str, attempts: int) -> Callable[[i
         )
 
     return on_failure
+
+
+def brief(exc: BaseException) -> str:
+    """An error in one line: Spark wraps worker failures in pages of Java and Python stack traces."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b.*:", line)]
+    last = causes[-1] if causes else lines[-1]
+    first = lines[0][:300]
+    return f"{type(exc).__name__}: {first}" + (f" ... {last[:300]}" if last[:300] != first else "")

@@ -1,6 +1,6 @@
 """One Spark job per batch: Kafka rows → (Python worker) decode, last change per key, files.
 
-The Spark path (``service.job.SinkJob._write``) runs three Spark jobs per batch and builds a large
+The Spark path (``service.pipeline.table.TablePipeline``) runs three Spark jobs per batch and builds a large
 plan each time. When every record of a batch is one the Arrow decoder accepts
 (:mod:`service.data.arrow_decode`), this module does the same work in a single ``mapInArrow`` over
 the Kafka rows: each Spark task (one Kafka partition) decodes its records, keeps each key's last

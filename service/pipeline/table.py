@@ -1,0 +1,316 @@
+"""One table's pipeline: its Kafka rows → decoded changes → last change per key → files → TableWrite.
+
+A batch takes one of two paths, both ending in a :class:`TableWrite`:
+
+* the Arrow path (:mod:`service.data.arrow_batch`): one Spark job whose Python tasks decode, compact
+  and write; it declines a batch it can't vouch for, and
+* Spark's path: Spark's decoder (:mod:`service.data.debezium`), schema evolution first, then one
+  ``mapInArrow`` that writes the compacted rows; the dead letters are sent last.
+
+Either is retried as a whole (:meth:`TablePipeline._retrying`): nothing is precommitted before it
+returns, so an attempt that failed leaves only orphan files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from typing import TypeVar
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from service import dead_letter
+from service.channel.pending import Offsets
+from service.config import Mode, SinkConfig
+from service.data import arrow_batch
+from service.data.arrow_decode import Declined
+from service.data.columns import (
+    Column,
+    Encoding,
+    SchemaError,
+    check_key_types,
+    column_from_config,
+    columns_from_envelope_schema,
+)
+from service.data.debezium import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS, decode, latest_per_key
+from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition
+from service.iceberg.catalog import catalog_retries
+from service.iceberg.datafile_json import from_json
+from service.iceberg.tables import (
+    DEFAULT_TABLE_PROPERTIES,
+    check_write_properties,
+    delete_spec,
+    ensure_table,
+    format_version_problem,
+    parse_partition_field,
+)
+from service.metrics import SinkMetrics
+from service.pipeline.result import TableWrite
+from service.pipeline.schemas import SchemaTracker
+from service.retrying import Backoff, brief, retry_call
+from service.source import peek_schema
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class StopRequested(RuntimeError):
+    """A batch that began after a stop request is not processed (its offsets stay uncommitted)."""
+
+
+def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column] | None) -> None:
+    """Refuse key and partition settings a new table can't have, before anything is created.
+
+    Otherwise the error surfaces halfway: after the namespace was created, or (a transform that does
+    not fit its column's type) after the table was created without its partitioning.
+    """
+    cfg = config.table
+    if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
+        return
+    version = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}["format-version"]
+    if (problem := format_version_problem(cfg.identifier, version)) is not None:
+        raise SchemaError(f"table.properties: {problem}")
+    types = {c.name: c.type for c in declared}
+    missing = [k for k in cfg.key if k not in types]
+    if missing:
+        raise SchemaError(f"table.key: column(s) {missing} are not among the columns {sorted(types)}")
+    check_key_types(types, cfg.key)
+    for text in cfg.partition_by:
+        column, transform = parse_partition_field(text)
+        if column not in types:
+            raise SchemaError(f"partition_by: column {column!r} is not among the columns {sorted(types)}")
+        if not transform.can_transform(types[column]):
+            raise SchemaError(
+                f"partition_by: {text!r}: {transform} can't be applied to {column} (type {types[column]})"
+            )
+
+
+def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, dict[str, Encoding]]:
+    """The table (created or evolved if needed) and the encodings the events use per column."""
+    declared: list[Column] | None = None
+    if config.table.columns:
+        declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in config.table.columns]
+    else:
+        schema = peek_schema(config.kafka)
+        if schema is not None:
+            declared = columns_from_envelope_schema(schema, variable_scale=config.source.variable_scale_type)
+    check_new_table(config, catalog, declared)
+    table = ensure_table(catalog, config, declared)
+    return table, {c.name: c.encoding for c in declared or []}
+
+
+class TablePipeline:
+    """Writes batches into one table; :meth:`open` loads (or creates) the table first."""
+
+    def __init__(
+        self, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics, schemas: SchemaTracker
+    ) -> None:
+        self.config = config
+        self.settings = config.table
+        self.catalog = catalog
+        self.metrics = metrics
+        self.schemas = schemas
+
+    @classmethod
+    def open(cls, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics) -> TablePipeline:
+        """Load the table (creating it from the events' schema or the configured columns if needed) and
+        check that icesink can write it as configured."""
+        table, encodings = catalog_retries(
+            config, "loading (or creating) the table", lambda: resolve_columns(config, catalog)
+        )
+        check_write_properties(table, config.write.table_properties())
+        schemas = SchemaTracker(config.table, table, encodings, config.source.variable_scale_type)
+        return cls(config, catalog, metrics, schemas)
+
+    @property
+    def identifier(self) -> str:
+        return self.settings.identifier
+
+    @property
+    def upsert(self) -> bool:
+        return self.settings.mode is Mode.UPSERT
+
+    def arrow_ready(self) -> bool:
+        return self.schemas.arrow_ready()
+
+    def write_arrow(self, records: DataFrame, offsets: Offsets) -> TableWrite | None:
+        """The batch through the one-job Arrow path; None if the Arrow decoder declined it."""
+        started = time.monotonic()
+        try:
+            batch = self._retrying(lambda: self._arrow_run(records))
+        except Declined as exc:
+            logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
+            self.metrics.declined_batches.add(1, self.metrics.attrs())
+            return None
+        written = time.monotonic()
+        logger.debug(
+            "Arrow batch: %d records; in the tasks: decode + compaction %.2fs, files %.2fs; job %.2fs",
+            batch.records,
+            batch.task_seconds.get("decode", 0.0),
+            batch.task_seconds.get("write", 0.0),
+            written - started,
+        )
+        return TableWrite(
+            table=self.identifier,
+            offsets=offsets,
+            started=started,
+            written=written,
+            files=batch.files,
+            records=batch.records,
+            by_op=batch.by_op,
+            newest=batch.newest,
+            decoder="arrow",
+        )
+
+    def write_spark(self, records: DataFrame, offsets: Offsets, newest: datetime | None = None) -> TableWrite:
+        """The batch through Spark's decoder: the table evolved first if the events' schema changed."""
+        started = time.monotonic()
+        return self._retrying(
+            lambda: self._spark_write(
+                records, offsets, self.schemas.evolve(records, self.catalog), started, newest
+            )
+        )
+
+    def _retrying(self, write: Callable[[], T]) -> T:
+        """Run ``write`` (a batch's files, no commit), retrying failures that are not the records' fault.
+
+        A batch that fails as a whole (catalog or object store down, the dead-letter topic refusing
+        writes) is retried with bounded exponential backoff, and its records are never dead-lettered
+        for it. Nothing is precommitted before this returns, so a retry is safe; the files of a failed
+        attempt are orphans (``icesink orphans``). After ``commit.retries`` attempts the error stops the
+        sink, and a restart resumes from the committed offsets.
+        """
+        attempts = self.config.commit.retries
+
+        def on_failure(attempt: int, exc: BaseException) -> None:
+            logger.warning(
+                "writing the batch failed (attempt %d/%d): %s", attempt, max(1, attempts), brief(exc)
+            )
+
+        return retry_call(
+            write,
+            Backoff(attempts, initial_s=1.0, max_s=30.0),
+            retry_on=lambda exc: (
+                isinstance(exc, Exception) and not isinstance(exc, SchemaError | StopRequested | Declined)
+            ),
+            on_failure=on_failure,
+        )
+
+    def _write_spec(self, table: Table) -> WriteSpec:
+        """What the tasks need to write this batch's files into ``table`` as it is now."""
+        delete_spec_id = None
+        if self.upsert:
+            table, delete_spec_id = delete_spec(table, self.settings.key)
+        return WriteSpec(
+            metadata=table.metadata,
+            io_properties=dict(table.io.properties),
+            key=list(self.settings.key),
+            upsert=self.upsert,
+            delete_spec_id=delete_spec_id,
+            writer_properties=self.config.write.table_properties(),
+        )
+
+    def _arrow_run(self, records: DataFrame) -> arrow_batch.ArrowBatch:
+        table = self.catalog.load_table(self.identifier)
+        spec = arrow_batch.ArrowBatchSpec(
+            write=self._write_spec(table),
+            columns=self.schemas.columns,
+            max_record_bytes=self.config.source.max_record_bytes,
+            schema_sections=self.schemas.track,
+        )
+        check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
+        return arrow_batch.run(records, spec, check_schemas)
+
+    def _spark_write(
+        self,
+        records: DataFrame,
+        offsets: Offsets,
+        versions: dict[str, list[Column]],
+        started: float,
+        newest: datetime | None,
+    ) -> TableWrite:
+        columns = [F.col(f"`{c.name}`") for c in self.schemas.columns]
+        # Only what counting and writing need is cached: the raw key and value (most of the bytes)
+        # stay in the persisted records, from which the rare dead-letter write decodes again.
+        changes = (
+            self._decode(records, versions)
+            .select(*columns, F.col(OP_COLUMN), *SOURCE_COLUMNS, *KAFKA_POSITION, F.col(ERROR_COLUMN))
+            .persist()
+        )
+        try:
+            records_n, dead_letters = 0, 0
+            by_op: dict[str, int] = {}
+            for row in (
+                changes.groupBy(OP_COLUMN, F.col(ERROR_COLUMN).isNotNull().alias("bad")).count().collect()
+            ):
+                records_n += row["count"]
+                if row["bad"]:
+                    dead_letters += row["count"]
+                else:
+                    by_op[row[OP_COLUMN]] = by_op.get(row[OP_COLUMN], 0) + row["count"]
+            good = changes.where(F.col(ERROR_COLUMN).isNull()).drop(ERROR_COLUMN)
+            rows = (
+                latest_per_key(good, self.settings.key)
+                if self.upsert
+                else good.where(F.col(OP_COLUMN) != "d")
+            )
+            table = self.catalog.load_table(self.identifier)
+            rows = rows.select(*columns, F.col(OP_COLUMN))
+            spec = table.spec()
+            if not spec.is_unpartitioned():
+                sources = [table.schema().find_column_name(f.source_id) for f in spec.fields]
+                rows = rows.repartition(
+                    self.config.write.parallelism, *[F.col(f"`{s}`") for s in sources if s]
+                )
+            write_spec = self._write_spec(table)
+            files = [
+                from_json(json.loads(r["file"]))
+                for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
+            ]
+            # Last, so that a batch retried because its files could not be written (catalog or object
+            # store down) does not send its dead letters twice.
+            if dead_letters:
+                self._dead_letter(self._decode(records, versions).where(F.col(ERROR_COLUMN).isNotNull()))
+        finally:
+            changes.unpersist()
+        return TableWrite(
+            table=self.identifier,
+            offsets=offsets,
+            started=started,
+            written=time.monotonic(),
+            files=files,
+            records=records_n,
+            dead_letters=dead_letters,
+            by_op=by_op,
+            newest=newest,
+        )
+
+    def _decode(self, records: DataFrame, versions: dict[str, list[Column]]) -> DataFrame:
+        """Spark's decoder; tombstones are deletes in upsert mode and ignored in append mode;
+        ``versions``: see :meth:`SchemaTracker.evolve`."""
+        return decode(
+            records,
+            self.schemas.columns,
+            self.settings.key,
+            self.config.source.max_record_bytes,
+            self.schemas.rejected,
+            tombstones=self.upsert,
+            versions=versions,
+        )
+
+    def _dead_letter(self, bad: DataFrame) -> None:
+        sent = dead_letter.send(
+            bad.withColumnRenamed(ERROR_COLUMN, "error"),
+            self.config.kafka,
+            self.config.dead_letter_topic,
+            self.config.sink_id,
+        )
+        if sent.failed:
+            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
