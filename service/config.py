@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import string
 from collections.abc import Mapping
 from datetime import timedelta
 from enum import StrEnum
@@ -47,7 +48,12 @@ class Mode(StrEnum):
 
 class KafkaConfig(_Section):
     bootstrap_servers: str
-    topics: list[str] = Field(min_length=1)
+    topics: list[str] = Field(default_factory=list, description="The topics to read (or topic_pattern).")
+    topic_pattern: str | None = Field(
+        default=None,
+        description="A regular expression (Java syntax, matched against the whole topic name) instead of "
+        "topics: every matching topic is read, those created later too, without a restart.",
+    )
     options: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Kafka client properties (security.protocol, sasl.*, ...) for every client.",
@@ -64,6 +70,25 @@ class KafkaConfig(_Section):
     )
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     dead_letter_topic: str | None = None
+
+    @model_validator(mode="after")
+    def _topics_or_pattern(self) -> KafkaConfig:
+        if bool(self.topics) == (self.topic_pattern is not None):
+            raise ValueError("set one of kafka.topics (a list) and kafka.topic_pattern (a regex)")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"kafka.topic_pattern {self.topic_pattern!r} is not a regex: {exc}"
+                ) from None
+        return self
+
+    def reads(self, topic: str) -> bool:
+        """Whether ``topic`` is one of the sink's topics (a name listed, or one the pattern matches)."""
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
 
     @field_validator("options")
     @classmethod
@@ -124,8 +149,44 @@ class ColumnConfig(_Section):
     )
 
 
+# What a table identifier template may name: the record's topic and its Debezium source fields.
+TEMPLATE_FIELDS = ("topic", "source.db", "source.schema", "source.table")
+
+
+def template_fields(identifier: str) -> list[str]:
+    """The fields a table identifier names (``lake.{source.table}`` → ``["source.table"]``)."""
+    fields = []
+    for _, name, spec, conversion in string.Formatter().parse(identifier):
+        if name is None:
+            continue
+        if name not in TEMPLATE_FIELDS:
+            raise ValueError(
+                f"{identifier!r}: {{{name}}} is not a field a table identifier can name "
+                f"(one of {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)})"
+            )
+        if spec or conversion:
+            raise ValueError(f"{identifier!r}: {{{name}}} takes no format spec or conversion")
+        fields.append(name)
+    return fields
+
+
+def render_identifier(identifier: str, values: Mapping[str, str]) -> str:
+    """The identifier a template gives for one record's fields (a static identifier is itself)."""
+    template_fields(identifier)  # only the fields a template may name
+    return re.sub(r"\{([a-z.]+)\}", lambda m: values[m.group(1)], identifier)
+
+
+def _check_identifier(value: str) -> str:
+    if "." not in value or value.startswith(".") or value.endswith(".") or ".." in value:
+        raise ValueError(f"expected namespace.table, got {value!r}")
+    return value
+
+
 class TableConfig(_Section):
-    identifier: str
+    identifier: str = Field(
+        description="namespace.table, or a template over {topic}, {source.db}, {source.schema} and "
+        "{source.table} that routes each topic (or each record) to its own table."
+    )
     key: list[str] = Field(default_factory=list)
     mode: Mode = Mode.UPSERT
     partition_by: list[str] = Field(default_factory=list)
@@ -145,15 +206,21 @@ class TableConfig(_Section):
     @field_validator("identifier")
     @classmethod
     def _identifier(cls, value: str) -> str:
-        if "." not in value or value.startswith(".") or value.endswith("."):
-            raise ValueError(f"expected namespace.table, got {value!r}")
+        fields = template_fields(value)
+        sample = {f: "x" for f in fields}
+        _check_identifier(render_identifier(value, sample))
         return value
 
     @model_validator(mode="after")
     def _key_for_upsert(self) -> TableConfig:
-        if self.mode is Mode.UPSERT and not self.key:
+        """A template's tables may take their keys from the records' keys; one table needs its own."""
+        if self.mode is Mode.UPSERT and not self.key and not self.is_template:
             raise ValueError("upsert mode needs table.key (the primary-key columns)")
         return self
+
+    @property
+    def is_template(self) -> bool:
+        return bool(template_fields(self.identifier))
 
     @property
     def namespace(self) -> tuple[str, ...]:
@@ -162,6 +229,19 @@ class TableConfig(_Section):
     @property
     def name(self) -> str:
         return self.identifier.split(".")[-1]
+
+
+class TableOverride(_Section):
+    """Settings of one table that differ from the ``table`` section's (``tables: {lake.orders: ...}``)."""
+
+    key: list[str] | None = None
+    mode: Mode | None = None
+    partition_by: list[str] | None = None
+    properties: dict[str, str] | None = None
+    columns: list[ColumnConfig] | None = None
+    create: bool | None = None
+    schema_evolution: Literal["add_columns", "strict"] | None = None
+    on_incompatible_schema: Literal["fail", "dead_letter"] | None = None
 
 
 class TxnLogConfig(_Section):
@@ -184,6 +264,9 @@ class CommitConfig(_Section):
     max_period: timedelta | None = None
     trigger_interval: timedelta = timedelta(seconds=1)
     retries: int = Field(default=10, ge=0)
+    concurrency: int = Field(
+        default=8, ge=1, description="Tables committed at once when a batch touches several tables."
+    )
 
     @field_validator("min_size", mode="before")
     @classmethod
@@ -284,6 +367,11 @@ class SinkConfig(_Section):
     kafka: KafkaConfig
     source: SourceConfig = SourceConfig()
     table: TableConfig
+    tables: dict[str, TableOverride] = Field(
+        default_factory=dict,
+        description="Per-table settings, keyed by the table's identifier (namespace.table); each key "
+        "given overrides the table section's for that table.",
+    )
     catalog: dict[str, Any]
     txnlog: TxnLogConfig
     commit: CommitConfig = CommitConfig()
@@ -308,16 +396,57 @@ class SinkConfig(_Section):
         return {str(k): normalise(v) for k, v in value.items()}
 
     @model_validator(mode="after")
-    def _one_value_per_write_property(self) -> SinkConfig:
-        """``write`` settings and ``table.properties`` of a table icesink creates must not disagree."""
-        names = {prop: name for name, prop in WRITE_PROPERTIES.items()}
-        for prop, value in self.write.table_properties().items():
-            given = self.table.properties.get(prop)
-            if given is not None and given.lower() != value.lower():
+    def _overrides_name_tables(self) -> SinkConfig:
+        """``tables`` keys are identifiers the sink can write; each table's settings must be whole."""
+        for identifier in self.tables:
+            try:
+                _check_identifier(identifier)
+            except ValueError as exc:
+                raise ValueError(f"tables.{identifier}: {exc}") from None
+            if not self.table.is_template and identifier != self.table.identifier:
                 raise ValueError(
-                    f"write.{names[prop]} ({value}) and table.properties {prop} ({given}) disagree: set one"
+                    f"tables.{identifier}: the sink writes only {self.table.identifier} "
+                    "(table.identifier is not a template)"
                 )
+            settings = self.table_settings(identifier)
+            if settings.mode is Mode.UPSERT and self.tables[identifier].key == []:
+                raise ValueError(f"tables.{identifier}.key: upsert mode needs the primary-key columns")
         return self
+
+    @model_validator(mode="after")
+    def _one_value_per_write_property(self) -> SinkConfig:
+        """``write`` settings and the table properties of a table icesink creates must not disagree."""
+        names = {prop: name for name, prop in WRITE_PROPERTIES.items()}
+        sections = {"table.properties": self.table.properties}
+        sections |= {f"tables.{t}.properties": o.properties for t, o in self.tables.items() if o.properties}
+        for prop, value in self.write.table_properties().items():
+            for where, properties in sections.items():
+                given = properties.get(prop)
+                if given is not None and given.lower() != value.lower():
+                    raise ValueError(
+                        f"write.{names[prop]} ({value}) and {where} {prop} ({given}) disagree: set one"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _dead_letters_are_not_read(self) -> SinkConfig:
+        if self.kafka.reads(self.dead_letter_topic):
+            raise ValueError(
+                f"kafka.topic_pattern matches the dead-letter topic {self.dead_letter_topic}: the sink would "
+                "read its own dead letters"
+            )
+        return self
+
+    def table_settings(self, identifier: str) -> TableConfig:
+        """One table's settings: the ``table`` section with the identifier resolved and the table's
+        ``tables`` entry applied (for a one-table sink, ``table_settings(table.identifier) == table``)."""
+        override = self.tables.get(identifier)
+        update: dict[str, Any] = {"identifier": identifier}
+        if override is not None:
+            update |= {k: v for k, v in override.model_dump(exclude_none=True).items()}
+            if override.columns is not None:
+                update["columns"] = override.columns
+        return self.table.model_copy(update=update)
 
     @property
     def catalog_name(self) -> str:

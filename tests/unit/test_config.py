@@ -122,3 +122,68 @@ def test_units() -> None:
         minutes=5
     )
     assert parse_duration(3) == timedelta(seconds=3)
+
+
+# ---- many tables: topics or a pattern, identifier templates, per-table overrides
+
+MANY: dict[str, Any] = {
+    **BASE,
+    "kafka": {"bootstrap_servers": "k:9092", "topic_pattern": r"shop\.public\..*"},
+    "table": {"identifier": "lake.{source.table}", "mode": "upsert"},
+    "tables": {
+        "lake.orders": {"mode": "append"},
+        "lake.customers": {"key": ["id"], "partition_by": ["country"]},
+    },
+}
+
+
+def test_a_one_table_file_gives_the_same_settings_through_table_settings() -> None:
+    config = parse_config(BASE, env={})
+    assert config.table_settings("ns.orders") == config.table
+    assert not config.table.is_template and config.kafka.reads("t") and not config.kafka.reads("u")
+
+
+def test_overrides_apply_to_their_table_only() -> None:
+    config = parse_config(MANY, env={})
+    assert config.table.is_template
+    orders, customers, other = (config.table_settings(t) for t in ("lake.orders", "lake.customers", "lake.x"))
+    assert (orders.identifier, orders.mode.value, orders.key) == ("lake.orders", "append", [])
+    assert (customers.mode.value, customers.key, customers.partition_by) == ("upsert", ["id"], ["country"])
+    assert (other.identifier, other.mode.value, other.partition_by) == ("lake.x", "upsert", [])
+    assert config.kafka.reads("shop.public.orders") and not config.kafka.reads("shop.public")
+    assert config.commit.concurrency == 8
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (with_(kafka={"bootstrap_servers": "k"}), "set one of kafka.topics .* and kafka.topic_pattern"),
+        (
+            with_(kafka={"bootstrap_servers": "k", "topics": ["t"], "topic_pattern": "t.*"}),
+            "set one of kafka.topics",
+        ),
+        (with_(kafka={"bootstrap_servers": "k", "topic_pattern": "(unclosed"}), "is not a regex"),
+        (
+            with_(kafka={"bootstrap_servers": "k", "topic_pattern": ".*"}),
+            "topic_pattern matches the dead-letter topic orders.dlq",
+        ),
+        (with_(table={"identifier": "lake.{source.tabel}"}), r"\{source.tabel\} is not a field"),
+        (with_(table={"identifier": "lake.{topic!r}"}), "takes no format spec or conversion"),
+        (with_(table={"identifier": "{source.table}"}), "expected namespace.table"),
+        (with_(tables={"ns.other": {"mode": "append"}}), "tables.ns.other: the sink writes only ns.orders"),
+        (with_(tables={"ns.orders": {"surprise": 1}}), r"tables.ns.orders.surprise: unknown key"),
+        ({**MANY, "tables": {"orders": {}}}, "tables.orders: expected namespace.table"),
+        ({**MANY, "tables": {"lake.a": {"key": []}}}, "tables.lake.a.key: upsert mode needs"),
+        (
+            {
+                **MANY,
+                "write": {"compression": "zstd"},
+                "tables": {"lake.a": {"properties": {"write.parquet.compression-codec": "gzip"}}},
+            },
+            r"tables.lake.a.properties write.parquet.compression-codec \(gzip\) disagree",
+        ),
+    ],
+)
+def test_many_table_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw, env={})
