@@ -24,7 +24,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
 from service.channel.committer import find_commit, missing_files
-from service.channel.pending import Offsets, PendingCommit
+from service.channel.pending import BatchPlan, Offsets
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.operator import command_owner
@@ -50,7 +50,7 @@ def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
         catalog = open_catalog(config)
         if (landed := _landed(catalog, sink_id, state)) is not None:
             return AbandonOutcome(landed, refused=True)
-        whole = PendingCommit.from_payload(state.pending)
+        whole = BatchPlan.from_payload(state.pending)
         if not force and whole.has_files and not _missing_files(catalog, whole):
             return AbandonOutcome(
                 f"sink {sink_id}: every file of the pending plan seq {state.seq} exists; it can still be "
@@ -64,7 +64,7 @@ def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
             return AbandonOutcome(f"sink {sink_id}: the plan was committed meanwhile; nothing abandoned")
         if (landed := _landed(catalog, sink_id, state)) is not None:
             return AbandonOutcome(landed, refused=True)
-        pending = PendingCommit.from_payload(state.pending)
+        pending = BatchPlan.from_payload(state.pending)
         missing = _missing_files(catalog, pending)
         log.abort(lease, seq=state.seq)
         return AbandonOutcome(_report(config, state, pending, missing))
@@ -75,40 +75,46 @@ def abandon(config: SinkConfig, force: bool = False) -> AbandonOutcome:
 def _landed(catalog: Catalog, sink_id: str, state: SinkState) -> str | None:
     """Why the plan must not be abandoned (its snapshot is in the table), or None."""
     assert state.pending is not None
-    pending = PendingCommit.from_payload(state.pending)
-    if pending.snapshot_id is None:
-        return None
-    try:
-        table = catalog.load_table(pending.table)
-    except NoSuchTableError:
-        return None
-    found = find_commit(table, sink_id, pending.snapshot_id)
-    if found is None:
-        return None
-    return (
-        f"sink {sink_id}: the pending plan seq {state.seq} landed in {pending.table} as snapshot "
-        f"{pending.snapshot_id} ({found} shows it); it is not abandoned (its records would be written "
-        "twice). Start the sink: its recovery marks the plan committed."
-    )
+    for pending in BatchPlan.from_payload(state.pending).tables:
+        if pending.snapshot_id is None:
+            continue
+        try:
+            table = catalog.load_table(pending.table)
+        except NoSuchTableError:
+            continue
+        found = find_commit(table, sink_id, pending.snapshot_id)
+        if found is not None:
+            return (
+                f"sink {sink_id}: the pending plan seq {state.seq} landed in {pending.table} as snapshot "
+                f"{pending.snapshot_id} ({found} shows it); it is not abandoned (its records would be "
+                "written twice). Start the sink: its recovery marks the plan committed."
+            )
+    return None
 
 
-def _missing_files(catalog: Catalog, pending: PendingCommit) -> list[str]:
-    if not pending.has_files:
-        return []
-    try:
-        return missing_files(catalog.load_table(pending.table).io, pending)
-    except NoSuchTableError:
-        return pending.file_paths()
+def _missing_files(catalog: Catalog, plan: BatchPlan) -> list[str]:
+    missing = []
+    for pending in plan.tables:
+        if not pending.has_files:
+            continue
+        try:
+            missing += missing_files(catalog.load_table(pending.table).io, pending)
+        except NoSuchTableError:
+            missing += pending.file_paths()
+    return missing
 
 
-def _report(config: SinkConfig, state: SinkState, pending: PendingCommit, missing: list[str]) -> str:
+def _report(config: SinkConfig, state: SinkState, pending: BatchPlan, missing: list[str]) -> str:
     committed: Offsets = (
-        PendingCommit.from_payload(state.committed_payload).offsets if state.committed_payload else {}
+        BatchPlan.from_payload(state.committed_payload).offsets if state.committed_payload else {}
     )
     files = len(pending.file_paths())
+    snapshots = (
+        ", ".join(f"{t.table} snapshot {t.snapshot_id}" for t in pending.tables if t.has_files) or "no files"
+    )
     lines = [
-        f"sink {config.sink_id}: abandoned the pending plan seq {state.seq} (snapshot {pending.snapshot_id}, "
-        f"{files} file(s), {len(missing)} of them gone); nothing of it was committed to {pending.table}.",
+        f"sink {config.sink_id}: abandoned the pending plan seq {state.seq} ({snapshots}, "
+        f"{files} file(s), {len(missing)} of them gone); nothing of it was committed.",
         f"Recorded in the txnlog's history: a claim (epoch {state.epoch}) and an abort holding the plan, "
         f"owner {command_owner('txnlog abandon')!r}; a replica still running was fenced.",
         "What becomes of the batch's records: the sink resumes from the committed offsets"

@@ -39,6 +39,9 @@ def _catalog(config: SinkConfig) -> str:
     from service.iceberg.tables import check_writable, check_write_properties, open_catalog
 
     catalog = open_catalog(config)
+    if config.table.is_template:
+        catalog.list_namespaces()
+        return f"reachable; tables named {config.table.identifier} are created on first sight"
     try:
         table = catalog.load_table(config.table.identifier)
         check_writable(table, config.table.identifier)
@@ -63,6 +66,8 @@ def _storage(config: SinkConfig) -> str:
 
     catalog = open_catalog(config)
     try:
+        if config.table.is_template:  # the tables are named by the topics they come from
+            raise NoSuchTableError(config.table.identifier)
         table = catalog.load_table(config.table.identifier)
         io, location = table.io, table.location()
     except NoSuchTableError:

@@ -52,38 +52,9 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _status(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.channel.pending import PendingCommit
-    from service.txnlog_client import open_txnlog
+    from service.status import status
 
-    log = open_txnlog(config, "status")
-    state = log.state(config.sink_id)
-    if state is None:
-        print(
-            json.dumps(
-                {"sink_id": config.sink_id, "table": config.table.identifier, "state": "never started"}
-            )
-        )
-        return EXIT_OK
-    committed = PendingCommit.from_payload(state.committed_payload) if state.committed_payload else None
-    pending = PendingCommit.from_payload(state.pending) if state.pending else None
-    out = {
-        "sink_id": state.sink_id,
-        "table": committed.table if committed else config.table.identifier,
-        "epoch": state.epoch,
-        "owner": state.owner,
-        "phase": str(state.phase),
-        "seq": state.seq,
-        "committed_seq": state.committed_seq,
-        "committed_offsets": {t: {str(p): o for p, o in ps.items()} for t, ps in committed.offsets.items()}
-        if committed
-        else {},
-        "last_snapshot_id": committed.snapshot_id if committed else None,
-        "pending": {"seq": state.seq, "snapshot_id": pending.snapshot_id, "files": len(pending.file_paths())}
-        if pending
-        else None,
-        "updated_at": state.updated_at.isoformat(),
-    }
-    print(json.dumps(out, indent=2))
+    print(json.dumps(status(config), indent=2))
     return EXIT_OK
 
 

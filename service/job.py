@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from functools import reduce
 
 from confluent_kafka.admin import AdminClient
@@ -28,7 +29,7 @@ from pyspark.sql import functions as F
 from service import spark_jars
 from service.channel.cadence import Buffer, CommitCadence
 from service.channel.committer import Committer
-from service.channel.pending import Offsets, PendingCommit, merge_offsets
+from service.channel.pending import BatchPlan, Offsets, PendingCommit, merge_offsets
 from service.config import SinkConfig
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
@@ -37,7 +38,8 @@ from service.lag import start_lag_monitor
 from service.metrics import SinkMetrics, setup_metrics
 from service.offsets import OffsetsGone, check_committed, recreated
 from service.pipeline.result import TableWrite
-from service.pipeline.table import StopRequested, TablePipeline
+from service.pipeline.routes import Routes
+from service.pipeline.table import StopRequested
 from service.report import report_commit
 from service.retrying import Backoff, retry_call
 from service.source import (
@@ -132,7 +134,7 @@ class SinkJob:
         self.partitions: dict[str, list[int]]
         self.topic_ids: dict[str, str]
         self._admin: AdminClient
-        self.pipeline: TablePipeline
+        self.routes = Routes(config, self.catalog, self.metrics)
         self.arrow_decoder: bool
         # Set by claim_and_recover(): the claim, its committer, and the committed offsets.
         self.lease: Lease
@@ -158,23 +160,31 @@ class SinkJob:
         self.partitions = partitions(self.config.kafka)
         self._admin = admin(self.config.kafka)
         self.topic_ids = topic_ids(self._admin, list(self.partitions))
-        self.pipeline = TablePipeline.open(self.config, self.catalog, self.metrics)
+        # Topics a template routes by their events' source are routed once they hold records.
+        self.routes.add(self.partitions, with_records=self._with_records(self.partitions))
         self.arrow_decoder = self._arrow_decoder_usable()
+
+    def _with_records(self, parts: dict[str, list[int]]) -> set[str] | None:
+        if not self.routes.many:
+            return None
+        ends = end_offsets(self.config.kafka, parts)
+        return {t for t, ps in ends.items() if any(o > 0 for o in ps.values())}
 
     def claim_and_recover(self) -> None:
         """Claim the sink (fencing older replicas), then finish what the last one left in precommit."""
         self.lease = self._claim()
         logger.info("sink %s claimed epoch %d as %s", self.config.sink_id, self.lease.epoch, self.owner)
         self.committer = Committer(
-            self.log, self.lease, self.catalog, self.metrics, max_attempts=self.config.commit.retries
+            self.log,
+            self.lease,
+            self.catalog,
+            self.metrics,
+            max_attempts=self.config.commit.retries,
+            concurrency=self.config.commit.concurrency,
+            catalog_factory=lambda: connect(self.config),
         )
-        self.committer.check_log_is_current(
-            catalog_retries(
-                self.config,
-                "reading the sink's commits in the table",
-                lambda: self.catalog.load_table(self.config.table.identifier),
-            )
-        )
+        for identifier in self.routes.pipelines:
+            self._check_log_is_current(identifier)
         try:
             self.committer.recover()
             committed = self.committer.committed()
@@ -183,6 +193,24 @@ class SinkJob:
             self._record_starting_offsets()
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
+
+    def _check_log_is_current(self, identifier: str) -> None:
+        self.committer.check_log_is_current(
+            catalog_retries(
+                self.config,
+                f"reading the sink's commits in {identifier}",
+                lambda: self.catalog.load_table(identifier),
+            )
+        )
+
+    def _offsets_plan(self, offsets: Offsets, note: str | None = None) -> BatchPlan:
+        """A plan that only moves the offsets (in a one-table sink's row format for one table)."""
+        if not self.routes.many:
+            only = PendingCommit(
+                self.config.table.identifier, offsets, None, topic_ids=dict(self.topic_ids), note=note
+            )
+            return BatchPlan.of_one_table(only)
+        return BatchPlan(offsets, topic_ids=dict(self.topic_ids), routes=dict(self.routes.tables), note=note)
 
     def _record_starting_offsets(self) -> None:
         """Resolve ``starting_offsets: latest`` for topics the sink never read, and commit the result.
@@ -199,12 +227,8 @@ class SinkJob:
         if not new:
             return
         latest = end_offsets(self.config.kafka, new)
-        pending = PendingCommit(
-            table=self.config.table.identifier,
-            offsets=merge_offsets(self.offsets, latest),
-            snapshot_id=None,
-            topic_ids=dict(self.topic_ids),
-            note=f"starting_offsets latest, resolved for {sorted(new)}",
+        pending = self._offsets_plan(
+            merge_offsets(self.offsets, latest), f"starting_offsets latest, resolved for {sorted(new)}"
         )
         seq = self.committer.commit(pending).seq
         self.offsets = pending.offsets
@@ -266,7 +290,7 @@ class SinkJob:
         reader = (
             spark.readStream.format("kafka")
             .options(**spark_options(self.config.kafka))
-            .option("subscribe", ",".join(self.config.kafka.topics))
+            .option(*self._subscription())
             .option("startingOffsets", start)
             .option("failOnDataLoss", "true")
         )
@@ -284,7 +308,7 @@ class SinkJob:
         query = writer.start()
         self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
         lag_monitor = start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
-        logger.info("consuming %s from %s", self.config.kafka.topics, start)
+        logger.info("consuming %s from %s", self.config.kafka.topic_pattern or sorted(self.partitions), start)
         try:
             try:
                 # A batch that starts after a stop request fails the query on purpose (StopRequested),
@@ -317,6 +341,13 @@ class SinkJob:
             shutil.rmtree(checkpoint, ignore_errors=True)
         if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
+
+    def _subscription(self) -> tuple[str, str]:
+        """Spark's source option: the topics, or the pattern (Spark picks up topics created later)."""
+        kafka = self.config.kafka
+        if kafka.topic_pattern is not None:
+            return "subscribePattern", kafka.topic_pattern
+        return "subscribe", ",".join(kafka.topics)
 
     def _explain_stream_failure(self, exc: Exception) -> None:
         """Raise :class:`OffsetsGone` if that is why the stream failed.
@@ -360,7 +391,12 @@ class SinkJob:
         ]
         if problems:
             raise OffsetsGone(self.config.sink_id, problems)
-        self.process_batch(records, batch_end_offsets(self._checkpoint, batch_id))
+        end = batch_end_offsets(self._checkpoint, batch_id)
+        if new := sorted(set(end) - set(self.partitions)):  # created since the start: the pattern matched
+            logger.info("new topic(s) %s: reading them from the earliest offset", new)
+            self.partitions = partitions(self.config.kafka)
+            self.topic_ids = {**self.topic_ids, **topic_ids(self._admin, new)}
+        self.process_batch(records, end)
 
     def _flush_when_idle(self) -> None:
         """Commit a buffer whose ``commit.max_period`` passed while no micro-batch came.
@@ -410,14 +446,12 @@ class SinkJob:
 
         ``end`` is where Spark's source ends the batch (:func:`service.source.batch_end_offsets`):
         what the commit covers, past any aborted records and transaction markers at its end. With an
-        empty buffer the Arrow path is tried first; a batch it declines is written by Spark's path.
+        empty buffer the Arrow path is tried first, table by table; a table's records it declines are
+        written by Spark's path.
         """
-        if self.arrow_decoder and not self._buffer.frames and self.pipeline.arrow_ready():
-            write = self.pipeline.write_arrow(records, merge_offsets(self.offsets, end))
-            if write is not None:
-                if write.records or write.offsets != self.offsets:
-                    self._commit(write)
-                return
+        if self.arrow_decoder and not self._buffer.frames:
+            self._write_and_commit(records, end, arrow=True)
+            return
         records = records.persist()
         ranges = (
             records.groupBy("topic", "partition")
@@ -440,18 +474,46 @@ class SinkJob:
             logger.debug("buffered %d bytes in %d batch(es); not yet due", buffer.bytes, len(buffer.frames))
 
     def flush(self) -> None:
-        """Decode, compact, write and commit everything buffered, as one snapshot."""
+        """Decode, compact, write and commit everything buffered, one snapshot per table."""
         buffer, self._buffer = self._buffer, Buffer()
         if not buffer.frames:
             return
         records = reduce(DataFrame.unionAll, buffer.frames)
         try:
-            self._commit(
-                self.pipeline.write_spark(records, merge_offsets(self.offsets, buffer.offsets), buffer.newest)
-            )
+            self._write_and_commit(records, buffer.offsets, arrow=False, newest=buffer.newest)
         finally:
             for frame in buffer.frames:
                 frame.unpersist()
+
+    def _write_and_commit(
+        self, records: DataFrame, end: Offsets, arrow: bool, newest: datetime | None = None
+    ) -> None:
+        """Each table the batch touches writes its records (its topics'), then one plan commits them."""
+        offsets = merge_offsets(self.offsets, end)
+        writes: list[TableWrite] = []
+        persisted: DataFrame | None = None
+        try:
+            for identifier, topics in self.routes.touched(end, self.offsets).items():
+                pipeline = self.routes.pipelines[identifier]
+                mine = {t: offsets[t] for t in topics if t in offsets} if self.routes.many else offsets
+                write = None
+                if arrow and pipeline.arrow_ready():
+                    write = pipeline.write_arrow(self._records_of(records, topics), mine)
+                if write is None:
+                    if arrow and persisted is None:  # declined: Spark's path reads the batch several times
+                        persisted = records = records.persist()
+                    write = pipeline.write_spark(self._records_of(records, topics), mine, newest)
+                writes.append(write)
+        finally:
+            if persisted is not None:
+                persisted.unpersist()
+        if self.routes.many:
+            writes = [w for w in writes if w.files or w.records]
+        if writes or offsets != self.offsets:
+            self._commit(writes, offsets)
+
+    def _records_of(self, records: DataFrame, topics: list[str]) -> DataFrame:
+        return records.where(F.col("topic").isin(topics)) if self.routes.many else records
 
     def _commit_offsets(self, end: Offsets) -> None:
         """Commit a batch that held no record to read: only aborted records or transaction markers.
@@ -460,20 +522,30 @@ class SinkJob:
         reading them again.
         """
         offsets = merge_offsets(self.offsets, end)
-        if offsets != self.offsets:
-            now = time.monotonic()
-            self._commit(
-                TableWrite(table=self.pipeline.identifier, offsets=offsets, started=now, written=now)
-            )
+        if offsets == self.offsets:
+            return
+        now = time.monotonic()
+        writes = [] if self.routes.many else [TableWrite(t, offsets, now, now) for t in self.routes.pipelines]
+        self._commit(writes, offsets)
 
-    def _commit(self, write: TableWrite) -> None:
-        """Commit a batch's write (service.channel.committer), then report it."""
-        self.metrics.write_duration.record(write.write_s, self.metrics.attrs())
-        plan = write.plan(self.topic_ids)
+    def _commit(self, writes: list[TableWrite], offsets: Offsets) -> None:
+        """Commit the batch's writes as one plan (service.channel.committer), then report each table's."""
+        plans = [w.plan({t: i for t, i in self.topic_ids.items() if t in w.offsets}) for w in writes]
+        if self.routes.many or not plans:
+            plan = self._offsets_plan(offsets)
+            plan.tables = plans
+        else:
+            plan = BatchPlan.of_one_table(plans[0])
+        for write in writes:
+            self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
         before = time.monotonic()
         result = self.committer.commit(plan)
-        self.offsets = plan.offsets
-        report_commit(self.metrics, write, plan, result.seq, time.monotonic() - before)
+        commit_s = time.monotonic() - before
+        self.offsets = offsets
+        for write, table_plan in zip(writes, plans, strict=True):
+            report_commit(self.metrics, write, table_plan, result.seq, commit_s)
+        if not writes:
+            logger.info("committed seq %d: offsets only (no records to write)", result.seq)
         if self._target is not None:
             done = sum(o for t in self.offsets.values() for o in t.values())
             todo = sum(o for t in self._target.values() for o in t.values())

@@ -28,6 +28,7 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 ATTRIBUTE_NAMES = {
     "op": "icesink.op",  # Debezium op code of a change record: c, u, d, r
     "content": "icesink.file.content",  # Iceberg file content: data, delete
+    "table": "icesink.table",  # the table a commit went to (a sink of many tables)
 }
 
 # Every instrument: name -> (kind, unit). tests/ops checks the docs and the exporters against it.

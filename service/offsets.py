@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.channel.pending import Offsets, PendingCommit
+from service.channel.pending import BatchPlan, Offsets
 from service.config import KafkaConfig, SinkConfig
 from service.operator import command_owner
 from service.source import SourceError, admin, consumer, partitions, topic_ids, watermarks
@@ -59,7 +59,7 @@ def find_problems(
     kafka: KafkaConfig,
     parts: Mapping[str, list[int]],
     current_ids: Mapping[str, str],
-    committed: PendingCommit | None,
+    committed: BatchPlan | None,
 ) -> list[Problem]:
     """What in ``committed`` Kafka no longer holds, for the topics the sink reads.
 
@@ -137,7 +137,7 @@ def check_committed(
     config: SinkConfig,
     parts: Mapping[str, list[int]],
     current_ids: Mapping[str, str],
-    committed: PendingCommit | None,
+    committed: BatchPlan | None,
 ) -> None:
     """Raise :class:`OffsetsGone` when Kafka no longer holds what ``committed`` points at."""
     problems = find_problems(config.kafka, parts, current_ids, committed)
@@ -154,7 +154,7 @@ def describe(config: SinkConfig) -> str:
         log.close()
     if state is None or state.committed_payload is None:
         return f"none committed yet: the sink starts from the {config.kafka.starting_offsets} offsets"
-    committed = PendingCommit.from_payload(state.committed_payload)
+    committed = BatchPlan.from_payload(state.committed_payload)
     parts = partitions(config.kafka)
     check_committed(config, parts, _topic_ids(config.kafka, parts), committed)
     count = sum(len(committed.offsets.get(t, {})) for t in parts)
@@ -205,7 +205,7 @@ def reset(
         lease = log.claim(config.sink_id, command_owner("offsets reset"))
         _refuse_unless_resettable(config, lease.state)  # a replica may have precommitted meanwhile
         assert lease.state.committed_payload is not None
-        committed = PendingCommit.from_payload(lease.state.committed_payload)
+        committed = BatchPlan.from_payload(lease.state.committed_payload)
         if topic is not None:
             whole = set() if partition is not None else {topic}
             chosen = {topic: [partition] if partition is not None else list(parts[topic])}
@@ -235,12 +235,10 @@ def reset(
             offsets.setdefault(t, {})[p] = target
         ids = dict(committed.topic_ids)
         ids.update({t: current_ids[t] for t in parts if t in whole or t not in ids})
-        plan = PendingCommit(
-            table=committed.table,
-            offsets=offsets,
-            snapshot_id=None,
-            topic_ids=ids,
-            note=f"offsets reset to {to} by icesink offsets reset: "
+        plan = committed.moved(
+            offsets,
+            ids,
+            f"offsets reset to {to} by icesink offsets reset: "
             + ", ".join(f"{m['topic']}/{m['partition']} {m['from']} -> {m['to']}" for m in moved),
         )
         seq = log.precommit(lease, plan.to_payload()).seq

@@ -133,13 +133,15 @@ def plan_files(log: TransactionLog, table: str) -> set[str]:
     paths: set[str] = set()
     for state in log.list_sinks():
         for payload in (state.payload, state.committed_payload):
-            if not payload or payload.get("table") != table:
-                continue
-            for key in ("data_files", "delete_files"):
-                for f in payload.get(key) or []:
-                    path = f.get("file_path") if isinstance(f, dict) else None
-                    if path:
-                        paths.add(path)
+            # A plan of several tables nests one plan per table (service.channel.pending.BatchPlan).
+            for plan in (payload or {}).get("tables") or ([payload] if payload else []):
+                if plan.get("table") != table:
+                    continue
+                for key in ("data_files", "delete_files"):
+                    for f in plan.get(key) or []:
+                        path = f.get("file_path") if isinstance(f, dict) else None
+                        if path:
+                            paths.add(path)
     return paths
 
 
@@ -164,8 +166,8 @@ def find_orphans(
 ) -> OrphanReport:
     from service.iceberg.tables import open_catalog
 
+    identifier = config.the_table("icesink orphans")
     catalog = catalog or open_catalog(config)
-    identifier = config.table.identifier
     table = catalog.load_table(identifier)
     location = data_location(table)
     report = OrphanReport(table=identifier, data_location=location, older_than=older_than)

@@ -17,17 +17,19 @@ def report_commit(
 ) -> None:
     """Count the commit in the metrics and log its line: ``committed seq N to <table>: ...``."""
     m = metrics
-    attrs = m.attrs()
+    attrs = m.attrs(table=write.table)
     m.commit_duration.record(commit_s, attrs)
     m.commits.add(1, attrs)
     for op, n in write.by_op.items():
-        m.records.add(n, m.attrs(op=op))
+        m.records.add(n, m.attrs(op=op, table=write.table))
     if write.dead_letters:
         m.dead_letters.add(write.dead_letters, attrs)
     for content, files in (("data", plan.data_files), ("delete", plan.delete_files)):
         if files:
-            m.written_bytes.add(sum(f.file_size_in_bytes for f in files), m.attrs(content=content))
-            m.written_files.add(len(files), m.attrs(content=content))
+            m.written_bytes.add(
+                sum(f.file_size_in_bytes for f in files), m.attrs(content=content, table=write.table)
+            )
+            m.written_files.add(len(files), m.attrs(content=content, table=write.table))
     if write.newest is not None:
         m.set_freshness(max(0.0, time.time() - write.newest.timestamp()))
     logger.info(

@@ -27,7 +27,7 @@ class NothingToReseed(RuntimeError):
 
 def reseed(config: SinkConfig) -> dict[str, Any]:
     """Re-seed the sink's row from the table; returns what was recorded (the command prints it)."""
-    identifier = config.table.identifier
+    identifier = config.the_table("icesink txnlog reseed")
     table = open_catalog(config).load_table(identifier)
     mark = latest_mark(table, config.sink_id)
     if mark is None:

@@ -6,6 +6,7 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,20 @@ def admin(kafka: KafkaConfig) -> AdminClient:
 
 
 def partitions(kafka: KafkaConfig, timeout_s: float = 15.0) -> dict[str, list[int]]:
+    """The partitions of every topic the sink reads: those listed (each must exist), or every topic
+    the pattern matches now (none is fine: topics created later are read when they appear)."""
     client = consumer(kafka)
     try:
+        if kafka.topic_pattern is not None:
+            try:
+                meta = client.list_topics(timeout=timeout_s)
+            except KafkaException as exc:
+                raise SourceError(f"Kafka at {kafka.bootstrap_servers} did not answer: {exc}") from None
+            return {
+                name: sorted(info.partitions)
+                for name, info in sorted(meta.topics.items())
+                if kafka.reads(name) and not name.startswith("__") and info.error is None and info.partitions
+            }
         result: dict[str, list[int]] = {}
         for topic in kafka.topics:
             try:
@@ -147,13 +160,35 @@ def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
     return offsets_from_json(json.loads(lines[2]))
 
 
-def peek_schema(
-    kafka: KafkaConfig, max_records: int = 1000, timeout_s: float = 10.0
-) -> dict[str, Any] | None:
-    """The ``schema`` section of the first event that has one, or None."""
-    client = consumer(kafka, "peek")
+@dataclass(frozen=True)
+class Peek:
+    """What the first records of some topics say: a schema section, the Debezium source, the key's fields."""
+
+    schema: dict[str, Any] | None = None
+    source: dict[str, str] = field(default_factory=dict)  # db, schema, table of the first event with one
+    key_fields: list[str] = field(default_factory=list)  # the record key's field names, when it has any
+
+
+def _key_fields(raw: bytes | None) -> list[str]:
+    """A Debezium record key's fields: from its schema section, else the payload's names."""
     try:
-        client.subscribe(kafka.topics)
+        key = json.loads(raw) if raw else None
+    except ValueError:
+        return []
+    if isinstance(key, dict) and isinstance(key.get("schema"), dict):
+        fields = key["schema"].get("fields") or []
+        return [f["field"] for f in fields if isinstance(f, dict) and "field" in f]
+    if isinstance(key, dict) and isinstance(key.get("payload"), dict):
+        return list(key["payload"])
+    return list(key) if isinstance(key, dict) else []
+
+
+def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout_s: float = 10.0) -> Peek:
+    """Read the first records of ``topics`` until a change event with a schema section is found."""
+    client = consumer(kafka, "peek")
+    found = Peek()
+    try:
+        client.subscribe(topics)
         seen = 0
         idle = 0
         while seen < max_records and idle < 3:
@@ -170,9 +205,19 @@ def peek_schema(
                     event = json.loads(raw)
                 except ValueError:
                     continue
-                if isinstance(event, dict) and isinstance(event.get("schema"), dict):
-                    schema: dict[str, Any] = event["schema"]
-                    return schema
-        return None
+                if not isinstance(event, dict):
+                    continue
+                payload = event.get("payload") if isinstance(event.get("payload"), dict) else event
+                source = payload.get("source") if isinstance(payload, dict) else None
+                if not found.source and isinstance(source, dict):
+                    names = {
+                        k: str(source[k]) for k in ("db", "schema", "table") if source.get(k) is not None
+                    }
+                    found = Peek(found.schema, names, found.key_fields or _key_fields(msg.key()))
+                if not found.key_fields and (fields := _key_fields(msg.key())):
+                    found = Peek(found.schema, found.source, fields)
+                if isinstance(event.get("schema"), dict):
+                    return Peek(event["schema"], found.source, found.key_fields)
+        return found
     finally:
         client.close()

@@ -9,21 +9,26 @@ Every rule of the design that concerns commits lives here, in one place:
 * a conflict (the branch moved, or a commit on another branch raised the table's sequence number) is
   never rebased blindly: reload, look for our snapshot, check we are not fenced, then build the
   snapshot again on the new metadata (which catalog answers are retried: ``service.retrying``);
-* a plan found in ``precommit`` at start-up is finished with the same files, never redone.
+* a plan found in ``precommit`` at start-up is finished with the same files, never redone;
+* a batch that writes several tables is one plan (:class:`BatchPlan`) in one txnlog row: each table's
+  snapshot is committed under the row's lock, at most ``commit.concurrency`` at once, and a plan
+  resumed after a crash commits only the tables whose snapshot is not there yet.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
 from service.channel.marks import commit_properties, latest_mark, property_key, property_mark
-from service.channel.pending import PendingCommit
+from service.channel.pending import BatchPlan, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.metrics import SinkMetrics
@@ -36,9 +41,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CommitResult:
     seq: int
-    snapshot_id: int | None
-    attempts: int
+    attempts: int  # catalog commit attempts, summed over the tables
     resumed: bool = False
+    snapshot_ids: dict[str, int] = field(default_factory=dict)  # table → the snapshot committed
 
 
 def find_commit(table: Table, sink_id: str, snapshot_id: int) -> str | None:
@@ -74,23 +79,38 @@ class Committer:
         metrics: SinkMetrics,
         max_attempts: int = 10,
         max_backoff_s: float = 10.0,
+        concurrency: int = 1,
+        catalog_factory: Callable[[], Catalog] | None = None,
     ) -> None:
+        """``concurrency`` tables of a batch are committed at once, each thread with a catalog of its
+        own from ``catalog_factory`` (a REST catalog's HTTP session is not shared between threads)."""
         self.log = log
         self.lease = lease
         self.catalog = catalog
         self.metrics = metrics
         self.max_attempts = max_attempts
         self.max_backoff_s = max_backoff_s
+        self.concurrency = concurrency if catalog_factory is not None else 1
+        self._catalog_factory = catalog_factory
+        self._thread_catalogs = threading.local()
 
     @property
     def sink_id(self) -> str:
         return self.lease.sink_id
 
-    def committed(self) -> PendingCommit | None:
+    def committed(self) -> BatchPlan | None:
         """The last committed plan: its offsets are where the sink resumes."""
         state = self.log.state(self.sink_id)
         payload = state.committed_payload if state else None
-        return PendingCommit.from_payload(payload) if payload else None
+        return BatchPlan.from_payload(payload) if payload else None
+
+    def _pool_catalog(self) -> Catalog:
+        """A committing thread's own catalog (made once per pool thread)."""
+        assert self._catalog_factory is not None
+        catalog: Catalog | None = getattr(self._thread_catalogs, "catalog", None)
+        if catalog is None:
+            catalog = self._thread_catalogs.catalog = self._catalog_factory()
+        return catalog
 
     def check_log_is_current(self, table: Table) -> None:
         """Refuse to run when ``table`` holds a commit of this sink with a seq the log never reached.
@@ -119,33 +139,51 @@ class Committer:
         state = self.lease.state
         if state.phase is not Phase.PRECOMMIT or state.payload is None:
             return None
-        pending = PendingCommit.from_payload(state.payload)
+        plan = BatchPlan.from_payload(state.payload)
         logger.info(
-            "recovering sink %s: plan seq %d (epoch %s) is precommitted; finishing it with its %d file(s)",
+            "recovering sink %s: plan seq %d (epoch %s) is precommitted; finishing it with its %d file(s) "
+            "in %s",
             self.sink_id,
             state.seq,
             state.precommit_epoch,
-            len(pending.file_paths()),
+            len(plan.file_paths()),
+            ", ".join(t.table for t in plan.tables if t.has_files) or "no table",
         )
-        result = self._finish(pending, state.seq, resumed=True)
-        return CommitResult(result.seq, result.snapshot_id, result.attempts, resumed=True)
+        return self._finish(plan, state.seq, resumed=True)
 
-    def commit(self, pending: PendingCommit) -> CommitResult:
+    def commit(self, plan: BatchPlan | PendingCommit) -> CommitResult:
+        """Precommit the plan, commit each of its tables' snapshots, then commit the plan."""
+        batch = plan if isinstance(plan, BatchPlan) else BatchPlan.of_one_table(plan)
         failpoint("before_precommit")
-        state = self.log.precommit(self.lease, pending.to_payload())
+        state = self.log.precommit(self.lease, batch.to_payload())
         failpoint("after_precommit")
-        return self._finish(pending, state.seq)
+        return self._finish(batch, state.seq)
 
-    def _finish(self, pending: PendingCommit, seq: int, resumed: bool = False) -> CommitResult:
-        if not pending.has_files:
+    def _finish(self, plan: BatchPlan, seq: int, resumed: bool = False) -> CommitResult:
+        writes = [t for t in plan.tables if t.has_files]
+        if not writes:
             self.log.commit(self.lease, seq=seq)
-            return CommitResult(seq, None, 0)
+            return CommitResult(seq, 0, resumed)
 
         def commit_locked() -> int:
             with self.log.committing(self.lease, seq=seq) as handle:
-                attempts = self._commit_to_iceberg(pending, seq, keep_lock=handle.heartbeat, resumed=resumed)
-                failpoint("after_catalog_commit")
-            return attempts
+                beat = threading.Lock()
+
+                def keep_lock() -> None:  # one locked connection, shared by the committing threads
+                    with beat:
+                        handle.heartbeat()
+
+                def one(pending: PendingCommit, catalog: Catalog) -> int:
+                    attempts = self._commit_to_iceberg(
+                        pending, seq, keep_lock=keep_lock, resumed=resumed, catalog=catalog
+                    )
+                    failpoint("after_catalog_commit")
+                    return attempts
+
+                if self.concurrency == 1 or len(writes) == 1:
+                    return sum(one(p, self.catalog) for p in writes)
+                with ThreadPoolExecutor(min(self.concurrency, len(writes)), "icesink-commit") as pool:
+                    return sum(pool.map(lambda p: one(p, self._pool_catalog()), writes))
 
         def lock_lost(attempt: int, exc: BaseException) -> None:
             # The locked session is gone: reaped while this process was frozen or the catalog slow,
@@ -171,7 +209,8 @@ class Committer:
             on_failure=lock_lost,
         )
         failpoint("after_log_commit")
-        return CommitResult(seq, pending.snapshot_id, attempts)
+        snapshots = {p.table: p.snapshot_id for p in writes if p.snapshot_id is not None}
+        return CommitResult(seq, attempts, resumed, snapshots)
 
     def _commit_to_iceberg(
         self,
@@ -179,6 +218,7 @@ class Committer:
         seq: int,
         keep_lock: Callable[[], None] = lambda: None,
         resumed: bool = False,
+        catalog: Catalog | None = None,
     ) -> int:
         """Commit the plan's snapshot; return the number of attempts. The only commit retry loop.
 
@@ -200,7 +240,7 @@ class Committer:
         def attempt() -> int:
             nonlocal attempts, files_checked
             attempts += 1
-            table = self.catalog.load_table(pending.table)
+            table = (catalog or self.catalog).load_table(pending.table)
             if (found := find_commit(table, self.sink_id, snapshot_id)) is not None:
                 logger.info(
                     "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found

@@ -100,3 +100,75 @@ class PendingCommit:
 
     def file_paths(self) -> list[str]:
         return [f.file_path for f in self.data_files + self.delete_files]
+
+
+@dataclass
+class BatchPlan:
+    """What one txnlog row records for a batch: where the sink resumes, and one plan per table written.
+
+    ``offsets`` cover every topic the sink reads; each table's plan covers its own topics. A table
+    that had no records in the batch has no plan (and gets no snapshot). All the tables' plans are
+    precommitted in the one row, so after a crash every one of them is finished from its own files,
+    each table checked for its own snapshot: a table committed before the crash is not committed again.
+
+    A plan of one table whose offsets are the sink's is stored as that table's plan alone, the row
+    format of a one-table sink; a plan of several tables (or none) nests them under ``tables``.
+    """
+
+    offsets: Offsets
+    tables: list[PendingCommit] = field(default_factory=list)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    routes: dict[str, str] = field(default_factory=dict)  # topic → table: where each topic lands
+    note: str | None = None
+
+    @classmethod
+    def of_one_table(cls, plan: PendingCommit) -> BatchPlan:
+        return cls(offsets=plan.offsets, tables=[plan], topic_ids=plan.topic_ids, note=plan.note)
+
+    @property
+    def flat(self) -> bool:
+        if len(self.tables) != 1:
+            return False
+        only = self.tables[0]
+        return (only.offsets, only.topic_ids, only.note) == (self.offsets, self.topic_ids, self.note) and (
+            not self.routes or set(self.routes.values()) == {only.table}
+        )
+
+    @property
+    def has_files(self) -> bool:
+        return any(t.has_files for t in self.tables)
+
+    def moved(self, offsets: Offsets, topic_ids: dict[str, str], note: str) -> BatchPlan:
+        """A plan without files that moves this (committed) plan's offsets, in the same row format."""
+        if self.flat:
+            only = self.tables[0]
+            return BatchPlan.of_one_table(
+                PendingCommit(only.table, offsets, None, topic_ids=topic_ids, note=note)
+            )
+        return BatchPlan(offsets=offsets, topic_ids=topic_ids, routes=dict(self.routes), note=note)
+
+    def file_paths(self) -> list[str]:
+        return [path for t in self.tables for path in t.file_paths()]
+
+    def to_payload(self) -> dict[str, Any]:
+        if self.flat:
+            return self.tables[0].to_payload()
+        return {
+            "offsets": offsets_to_json(self.offsets),
+            "topic_ids": dict(sorted(self.topic_ids.items())),
+            "routes": dict(sorted(self.routes.items())),
+            "tables": [t.to_payload() for t in self.tables],
+            **({"note": self.note} if self.note else {}),
+        }
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> BatchPlan:
+        if "tables" not in payload:
+            return cls.of_one_table(PendingCommit.from_payload(payload))
+        return cls(
+            offsets=offsets_from_json(payload.get("offsets")),
+            tables=[PendingCommit.from_payload(t) for t in payload["tables"]],
+            topic_ids=dict(payload.get("topic_ids", {})),
+            routes=dict(payload.get("routes", {})),
+            note=payload.get("note"),
+        )

@@ -33,7 +33,7 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from service.config import SinkConfig
+from service.config import SinkConfig, TableConfig
 from service.data.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 
@@ -114,9 +114,11 @@ def check_writable(table: Table, identifier: str) -> None:
     columns_for_table(table.schema())
 
 
-def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | None) -> Table:
+def ensure_table(
+    catalog: Catalog, config: SinkConfig, columns: list[Column] | None, settings: TableConfig | None = None
+) -> Table:
     """Load the table, or create it (namespace too) from ``columns`` when allowed."""
-    cfg = config.table
+    cfg = settings or config.table
     try:
         table = catalog.load_table(cfg.identifier)
         check_writable(table, cfg.identifier)
@@ -128,7 +130,7 @@ def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | N
                 f"table {cfg.identifier} does not exist and its schema is unknown: configure table.columns "
                 "or send events with a schema section"
             ) from None
-        table = _create(catalog, config, columns)
+        table = _create(catalog, config, columns, cfg)
     if columns:
         evolution = plan(table.schema(), columns)
         check(evolution, EvolutionPolicy(cfg.schema_evolution), cfg.identifier)
@@ -141,11 +143,10 @@ def ensure_table(catalog: Catalog, config: SinkConfig, columns: list[Column] | N
     return table
 
 
-def _create(catalog: Catalog, config: SinkConfig, columns: list[Column]) -> Table:
+def _create(catalog: Catalog, config: SinkConfig, columns: list[Column], cfg: TableConfig) -> Table:
     """Create the table in one catalog commit: schema with the key as identifier fields, partition
     spec, sort order (none: icesink's files are not sorted) and properties, among them the write
     settings icesink's files will have, so that the table says what its files are."""
-    cfg = config.table
     try:
         catalog.create_namespace(cfg.namespace)
         logger.info("created namespace %s", ".".join(cfg.namespace))

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 
 from service import dead_letter
 from service.channel.pending import Offsets
-from service.config import Mode, SinkConfig
+from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_batch
 from service.data.arrow_decode import Declined
 from service.data.columns import (
@@ -55,7 +55,7 @@ from service.metrics import SinkMetrics
 from service.pipeline.result import TableWrite
 from service.pipeline.schemas import SchemaTracker
 from service.retrying import Backoff, brief, retry_call
-from service.source import peek_schema
+from service.source import Peek, peek
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,13 +65,15 @@ class StopRequested(RuntimeError):
     """A batch that began after a stop request is not processed (its offsets stay uncommitted)."""
 
 
-def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column] | None) -> None:
+def check_new_table(
+    config: SinkConfig, settings: TableConfig, catalog: Catalog, declared: list[Column] | None
+) -> None:
     """Refuse key and partition settings a new table can't have, before anything is created.
 
     Otherwise the error surfaces halfway: after the namespace was created, or (a transform that does
     not fit its column's type) after the table was created without its partitioning.
     """
-    cfg = config.table
+    cfg = settings
     if not cfg.create or declared is None or catalog.table_exists(cfg.identifier):
         return
     version = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties}["format-version"]
@@ -92,42 +94,93 @@ def check_new_table(config: SinkConfig, catalog: Catalog, declared: list[Column]
             )
 
 
-def resolve_columns(config: SinkConfig, catalog: Catalog) -> tuple[Table, dict[str, Encoding]]:
-    """The table (created or evolved if needed) and the encodings the events use per column."""
-    declared: list[Column] | None = None
-    if config.table.columns:
-        declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in config.table.columns]
+def resolve_key(
+    settings: TableConfig, catalog: Catalog, peeked: Peek, declared: list[Column] | None
+) -> TableConfig:
+    """The table's settings with its key: configured, else the Kafka record key's fields (Debezium keys
+    records by primary key), else the existing table's identifier fields. An upsert table with none
+    of the three can't be written."""
+    if settings.key or settings.mode is not Mode.UPSERT:
+        return settings
+    columns = {c.name for c in declared or []}
+    if peeked.key_fields and (not columns or set(peeked.key_fields) <= columns):
+        key = list(peeked.key_fields)
+    elif catalog.table_exists(settings.identifier):
+        key = sorted(catalog.load_table(settings.identifier).schema().identifier_field_names())
     else:
-        schema = peek_schema(config.kafka)
-        if schema is not None:
-            declared = columns_from_envelope_schema(schema, variable_scale=config.source.variable_scale_type)
-    check_new_table(config, catalog, declared)
-    table = ensure_table(catalog, config, declared)
-    return table, {c.name: c.encoding for c in declared or []}
+        key = []
+    if not key:
+        raise SchemaError(
+            f"table {settings.identifier}: upsert mode needs a key, and none was found: its records have no "
+            f"key fields and the table has no identifier fields; set tables.{settings.identifier}.key (or "
+            "table.key), or mode: append"
+        )
+    logger.info(
+        "table %s: key %s (from %s)",
+        settings.identifier,
+        key,
+        "the records' keys" if peeked.key_fields else "the table",
+    )
+    return settings.model_copy(update={"key": key})
+
+
+def resolve_table(
+    config: SinkConfig, settings: TableConfig, catalog: Catalog, topics: list[str]
+) -> tuple[Table, TableConfig, dict[str, Encoding]]:
+    """The table (created or evolved if needed), its settings with the key resolved, and the
+    encodings the events use per column."""
+    declared: list[Column] | None = None
+    peeked = Peek()
+    if settings.columns:
+        declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in settings.columns]
+    if not settings.columns or (settings.mode is Mode.UPSERT and not settings.key):
+        peeked = peek(config.kafka, topics)
+    if not settings.columns and peeked.schema is not None:
+        declared = columns_from_envelope_schema(
+            peeked.schema, variable_scale=config.source.variable_scale_type
+        )
+    settings = resolve_key(settings, catalog, peeked, declared)
+    check_new_table(config, settings, catalog, declared)
+    table = ensure_table(catalog, config, declared, settings)
+    return table, settings, {c.name: c.encoding for c in declared or []}
 
 
 class TablePipeline:
     """Writes batches into one table; :meth:`open` loads (or creates) the table first."""
 
     def __init__(
-        self, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics, schemas: SchemaTracker
+        self,
+        config: SinkConfig,
+        settings: TableConfig,
+        catalog: Catalog,
+        metrics: SinkMetrics,
+        schemas: SchemaTracker,
     ) -> None:
         self.config = config
-        self.settings = config.table
+        self.settings = settings
         self.catalog = catalog
         self.metrics = metrics
         self.schemas = schemas
 
     @classmethod
-    def open(cls, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics) -> TablePipeline:
-        """Load the table (creating it from the events' schema or the configured columns if needed) and
+    def open(
+        cls,
+        config: SinkConfig,
+        settings: TableConfig,
+        topics: list[str],
+        catalog: Catalog,
+        metrics: SinkMetrics,
+    ) -> TablePipeline:
+        """Load the table (creating it from its topics' schema or the configured columns if needed) and
         check that icesink can write it as configured."""
-        table, encodings = catalog_retries(
-            config, "loading (or creating) the table", lambda: resolve_columns(config, catalog)
+        table, settings, encodings = catalog_retries(
+            config,
+            f"loading (or creating) the table {settings.identifier}",
+            lambda: resolve_table(config, settings, catalog, topics),
         )
         check_write_properties(table, config.write.table_properties())
-        schemas = SchemaTracker(config.table, table, encodings, config.source.variable_scale_type)
-        return cls(config, catalog, metrics, schemas)
+        schemas = SchemaTracker(settings, table, encodings, config.source.variable_scale_type)
+        return cls(config, settings, catalog, metrics, schemas)
 
     @property
     def identifier(self) -> str:

@@ -1,0 +1,104 @@
+"""``icesink status``: the sink's txnlog row, and each of its tables with offsets, last commit and lag.
+
+The txnlog answers for the sink (epoch, owner, phase, the committed offsets); each table's last
+commit of the sink is read from the table itself (service.channel.marks), and the lag from Kafka. A
+catalog or Kafka that can't be reached leaves those fields null with the reason, never the command
+failing: status is what an operator runs when something is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.channel.marks import latest_mark
+from service.channel.pending import BatchPlan, Offsets
+from service.config import SinkConfig
+from service.txnlog_client import open_txnlog
+
+
+def _offsets_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(offsets.items())}
+
+
+def _routes(config: SinkConfig, committed: BatchPlan | None) -> dict[str, str]:
+    """topic → table, as far as the sink has routed its topics."""
+    if not config.table.is_template:
+        topics = committed.offsets if committed else {t: {} for t in config.kafka.topics}
+        return {t: config.table.identifier for t in topics}
+    return dict(committed.routes) if committed else {}
+
+
+def _lag(config: SinkConfig, committed: Offsets) -> tuple[dict[str, int], str | None]:
+    from service.source import end_offsets
+
+    try:
+        ends = end_offsets(config.kafka, {t: sorted(ps) for t, ps in committed.items()}, timeout_s=5.0)
+    except Exception as exc:  # Kafka down: the rest of the status still answers
+        return {}, f"{type(exc).__name__}: {exc}"
+    return {t: sum(max(0, e - committed[t].get(p, 0)) for p, e in ps.items()) for t, ps in ends.items()}, None
+
+
+def _last_commit(config: SinkConfig, tables: list[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+    from service.iceberg.tables import open_catalog
+
+    try:
+        catalog = open_catalog(config)
+        out = {}
+        for identifier in tables:
+            mark = latest_mark(catalog.load_table(identifier), config.sink_id)
+            out[identifier] = {"seq": mark.seq, "snapshot_id": mark.snapshot_id} if mark else {}
+        return out, None
+    except Exception as exc:  # catalog down, or a table dropped
+        return {}, f"{type(exc).__name__}: {exc}"
+
+
+def status(config: SinkConfig) -> dict[str, Any]:
+    log = open_txnlog(config, "status")
+    try:
+        state = log.state(config.sink_id)
+    finally:
+        log.close()
+    if state is None:
+        return {"sink_id": config.sink_id, "table": config.table.identifier, "state": "never started"}
+    committed = BatchPlan.from_payload(state.committed_payload) if state.committed_payload else None
+    pending = BatchPlan.from_payload(state.pending) if state.pending else None
+    last = committed.tables[0] if committed and committed.tables else None
+    out: dict[str, Any] = {
+        "sink_id": state.sink_id,
+        "table": last.table if last and committed and committed.flat else config.table.identifier,
+        "epoch": state.epoch,
+        "owner": state.owner,
+        "phase": str(state.phase),
+        "seq": state.seq,
+        "committed_seq": state.committed_seq,
+        "committed_offsets": _offsets_json(committed.offsets) if committed else {},
+        "last_snapshot_id": last.snapshot_id if last else None,
+        "pending": {
+            "seq": state.seq,
+            "tables": [t.table for t in pending.tables if t.has_files],
+            "snapshot_id": pending.tables[0].snapshot_id if pending.tables else None,
+            "files": len(pending.file_paths()),
+        }
+        if pending
+        else None,
+        "updated_at": state.updated_at.isoformat(),
+    }
+    routes = _routes(config, committed)
+    offsets = committed.offsets if committed else {}
+    lag, lag_error = _lag(config, offsets) if offsets else ({}, None)
+    marks, catalog_error = _last_commit(config, sorted(set(routes.values())))
+    out["tables"] = [
+        {
+            "table": table,
+            "topics": sorted(t for t, r in routes.items() if r == table),
+            "offsets": _offsets_json({t: offsets.get(t, {}) for t, r in routes.items() if r == table}),
+            "last_commit": marks.get(table),
+            "lag": sum(lag.get(t, 0) for t, r in routes.items() if r == table) if not lag_error else None,
+        }
+        for table in sorted(set(routes.values()))
+    ]
+    if lag_error:
+        out["lag_error"] = lag_error
+    if catalog_error:
+        out["catalog_error"] = catalog_error
+    return out
