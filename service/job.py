@@ -26,7 +26,7 @@ from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from service import spark_jars
+from service import dead_letter, spark_jars
 from service.channel.cadence import Buffer, CommitCadence
 from service.channel.committer import Committer
 from service.channel.pending import BatchPlan, Offsets, PendingCommit, merge_offsets
@@ -494,15 +494,25 @@ class SinkJob:
         persisted: DataFrame | None = None
         try:
             for identifier, topics in self.routes.touched(end, self.offsets).items():
+                if identifier in self.routes.isolated:
+                    self._dead_letter_table(identifier, self._records_of(records, topics))
+                    continue
                 pipeline = self.routes.pipelines[identifier]
                 mine = {t: offsets[t] for t in topics if t in offsets} if self.routes.many else offsets
-                write = None
-                if arrow and pipeline.arrow_ready():
-                    write = pipeline.write_arrow(self._records_of(records, topics), mine)
-                if write is None:
-                    if arrow and persisted is None:  # declined: Spark's path reads the batch several times
-                        persisted = records = records.persist()
-                    write = pipeline.write_spark(self._records_of(records, topics), mine, newest)
+                try:
+                    write = None
+                    if arrow and pipeline.arrow_ready():
+                        write = pipeline.write_arrow(self._records_of(records, topics), mine)
+                    if write is None:
+                        if arrow and persisted is None:  # declined: Spark's path reads the batch again
+                            persisted = records = records.persist()
+                        write = pipeline.write_spark(self._records_of(records, topics), mine, newest)
+                except Exception as exc:
+                    if not self.routes.may_isolate(identifier, exc):
+                        raise
+                    self.routes.isolate(identifier, exc)
+                    self._dead_letter_table(identifier, self._records_of(records, topics))
+                    continue
                 writes.append(write)
         finally:
             if persisted is not None:
@@ -511,6 +521,23 @@ class SinkJob:
             writes = [w for w in writes if w.files or w.records]
         if writes or offsets != self.offsets:
             self._commit(writes, offsets)
+
+    def _dead_letter_table(self, identifier: str, records: DataFrame) -> None:
+        """An isolated table's records of this batch, to the dead-letter topic with the reason."""
+        reason = f"table {identifier} isolated: {self.routes.isolated[identifier]}"
+        sent = dead_letter.send(
+            records.withColumn("error", F.lit(reason)),
+            self.config.kafka,
+            self.config.dead_letter_topic,
+            self.config.sink_id,
+        )
+        if sent.sent:
+            self.metrics.dead_letters.add(sent.sent, self.metrics.attrs(table=identifier))
+            logger.warning(
+                "table %s is isolated: %d record(s) sent to the dead-letter topic", identifier, sent.sent
+            )
+        if sent.failed:
+            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs(table=identifier))
 
     def _records_of(self, records: DataFrame, topics: list[str]) -> DataFrame:
         return records.where(F.col("topic").isin(topics)) if self.routes.many else records

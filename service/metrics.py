@@ -44,6 +44,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "icesink.dead_letters": ("counter", "{record}"),
     "icesink.dead_letters.failed": ("counter", "{record}"),
     "icesink.batches.declined": ("counter", "{batch}"),
+    "icesink.tables.isolated": ("counter", "{event}"),
     "icesink.kafka.lag": ("gauge", "{record}"),
     "icesink.freshness": ("gauge", "s"),
 }
@@ -113,6 +114,12 @@ class SinkMetrics:
             "icesink.batches.declined",
             unit="{batch}",
             description="Batches the Arrow decoder declined; Spark's decoder took them",
+        )
+        self.tables_isolated = meter.create_counter(
+            "icesink.tables.isolated",
+            unit="{event}",
+            description="Tables isolated by their own failure (table.on_failure: dead_letter), by "
+            "icesink.table and error.type; their records go to the dead-letter topic",
         )
         meter.create_observable_gauge(
             "icesink.kafka.lag",

@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog
 from service.channel.pending import Offsets
 from service.config import SinkConfig, render_identifier, template_fields
 from service.metrics import SinkMetrics
-from service.pipeline.table import TablePipeline
+from service.pipeline.table import TABLE_FAILURES, TablePipeline
 from service.source import peek
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class Routes:
         self.fields = template_fields(config.table.identifier)
         self.tables: dict[str, str] = {}  # topic → table identifier
         self.pipelines: dict[str, TablePipeline] = {}
+        self.isolated: dict[str, str] = {}  # table → why its records go to the dead-letter topic
 
     @property
     def many(self) -> bool:
@@ -60,12 +61,17 @@ class Routes:
                 found.setdefault(identifier, []).append(topic)
         opened = []
         for identifier, its_topics in sorted(found.items()):
-            if identifier not in self.pipelines:
+            if identifier not in self.pipelines and identifier not in self.isolated:
                 settings = self.config.table_settings(identifier)
-                self.pipelines[identifier] = TablePipeline.open(
-                    self.config, settings, its_topics, self.catalog, self.metrics
-                )
-                opened.append(identifier)
+                try:
+                    self.pipelines[identifier] = TablePipeline.open(
+                        self.config, settings, its_topics, self.catalog, self.metrics
+                    )
+                    opened.append(identifier)
+                except Exception as exc:
+                    if not self.may_isolate(identifier, exc):
+                        raise
+                    self.isolate(identifier, exc)
             for topic in its_topics:
                 self.tables[topic] = identifier
                 logger.info("topic %s lands in table %s", topic, identifier)
@@ -91,12 +97,33 @@ class Routes:
             values |= {f"source.{k}": v for k, v in source.items()}
         return render_identifier(self.config.table.identifier, values)
 
+    def may_isolate(self, identifier: str, exc: BaseException) -> bool:
+        """Whether ``exc`` is the table's own failure and its settings say to isolate it."""
+        settings = self.config.table_settings(identifier)
+        return settings.on_failure == "dead_letter" and isinstance(exc, TABLE_FAILURES)
+
+    def isolate(self, identifier: str, exc: BaseException) -> None:
+        """From now until the sink restarts, the table's records go to the dead-letter topic."""
+        reason = f"{type(exc).__name__}: {exc}"
+        self.isolated[identifier] = reason
+        self.pipelines.pop(identifier, None)
+        self.metrics.tables_isolated.add(
+            1, self.metrics.attrs(table=identifier, **{"error.type": type(exc).__name__})
+        )
+        logger.error(
+            "table %s isolated (table.on_failure: dead_letter): %s; its records go to the dead-letter topic "
+            "%s until the sink restarts, the other tables keep landing",
+            identifier,
+            reason,
+            self.config.dead_letter_topic,
+        )
+
     def touched(self, end: Offsets, committed: Offsets) -> dict[str, list[str]]:
         """The tables whose topics moved past the committed offsets in a batch ending at ``end``
         (every table of a one-table sink), with their topics; topics seen for the first time are
         routed (and their tables opened) first."""
         if not self.many:
-            return {t: self.topics_of(t) for t in self.pipelines}
+            return {t: self.topics_of(t) for t in sorted(set(self.tables.values()))}
         moved = sorted(
             topic
             for topic, parts in end.items()

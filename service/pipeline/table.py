@@ -22,6 +22,7 @@ from functools import partial
 from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import ForbiddenError, NoSuchTableError, UnauthorizedError
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -59,6 +60,10 @@ from service.source import Peek, peek
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# A table's own failures: they concern this table alone, and retrying does not mend them
+# (table.on_failure says whether they stop the sink or isolate the table).
+TABLE_FAILURES = (SchemaError, NoSuchTableError, ForbiddenError, UnauthorizedError)
 
 
 class StopRequested(RuntimeError):
@@ -241,6 +246,9 @@ class TablePipeline:
         sink, and a restart resumes from the committed offsets.
         """
         attempts = self.config.commit.retries
+        final: tuple[type[BaseException], ...] = (SchemaError, StopRequested, Declined)
+        if self.settings.on_failure == "dead_letter":  # isolate the table now rather than stall the others
+            final += TABLE_FAILURES
 
         def on_failure(attempt: int, exc: BaseException) -> None:
             logger.warning(
@@ -250,9 +258,7 @@ class TablePipeline:
         return retry_call(
             write,
             Backoff(attempts, initial_s=1.0, max_s=30.0),
-            retry_on=lambda exc: (
-                isinstance(exc, Exception) and not isinstance(exc, SchemaError | StopRequested | Declined)
-            ),
+            retry_on=lambda exc: isinstance(exc, Exception) and not isinstance(exc, final),
             on_failure=on_failure,
         )
 

@@ -1,0 +1,93 @@
+"""One table's failure does not stall the others (``table.on_failure: dead_letter``).
+
+A sink of three tables; one table's events change a column's type incompatibly (string → int32)
+while the sink runs. That table is isolated: its records go to the dead-letter topic with the reason,
+and the two others keep landing exactly, in the same running process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+
+from service.sample import Change, SampleSource, ensure_topic, produce
+from tests.sink.conftest import Sink
+from tests.sink.expect import assert_rows, topic_records
+
+NAMES = ["customers", "orders", "products"]
+
+
+def _name_becomes_an_int(change: Change) -> Change:
+    """The same change with its ``name`` column an int32: not an evolution Iceberg allows."""
+    value = copy.deepcopy(change.value)
+    for part in value["schema"]["fields"]:
+        for field in part.get("fields", []):
+            if field["field"] == "name":
+                field["type"] = "int32"
+    for side in ("before", "after"):
+        if value["payload"].get(side):
+            value["payload"][side]["name"] = 7
+    return Change(key=change.key, value=value, op=change.op, row=None)
+
+
+def _landed(catalog: Catalog, table: str) -> int:
+    snapshot = catalog.load_table(table).current_snapshot() if catalog.table_exists(table) else None
+    return int(snapshot.summary.additional_properties.get("total-records", -1)) if snapshot else -1
+
+
+def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
+    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
+) -> None:
+    prefix, namespace = unique_name("db"), unique_name("lake")
+    topics = {name: f"{prefix}.{name}" for name in NAMES}
+    sink = make_sink(
+        kafka={"topics": list(topics.values())},
+        table={"identifier": f"{namespace}.{{source.table}}", "key": [], "on_failure": "dead_letter"},
+    )
+    sources = {name: SampleSource(keys=50, seed=i, table=name) for i, name in enumerate(NAMES)}
+    for name in NAMES:
+        ensure_topic(sink.bootstrap, topics[name], 2)
+        produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+    landed_before = {name: sources[name].expected_rows() for name in NAMES}
+
+    run = sink.start()
+    try:
+        run.wait_for_log(f"to {namespace}.products: snapshot", timeout=180)
+        # products' source table changes a column's type; the other tables go on changing.
+        bad = [_name_becomes_an_int(sources["products"].next_change()) for _ in range(20)]
+        produce(sink.bootstrap, topics["products"], bad)
+        for name in ["customers", "orders"]:
+            produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+        run.wait_for_log(f"table {namespace}.products isolated", timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = json.loads(sink.cli("status").stdout)
+            if all(t["lag"] == 0 for t in status["tables"]):
+                break
+            time.sleep(2)
+        else:
+            raise AssertionError(f"the sink did not catch up: {status}")
+        assert run.process.poll() is None, "the sink stopped: the isolated table stalled the others"
+    finally:
+        run.kill()
+
+    log = run.log()
+    assert "IncompatibleSchema" in log.split(f"table {namespace}.products isolated", 1)[1].splitlines()[0]
+    for name in ["customers", "orders"]:
+        assert_rows(spark, f"{namespace}.{name}", sources[name].expected_rows())
+    assert_rows(spark, f"{namespace}.products", landed_before["products"])  # as before the change
+    letters = topic_records(
+        sink.bootstrap, sink.config["kafka"].get("dead_letter_topic") or f"{sink.name}.dlq", 20
+    )
+    assert len(letters) == 20
+    headers = [dict(m.headers() or []) for m in letters]
+    assert all(
+        h["icesink.error"].decode().startswith(f"table {namespace}.products isolated: IncompatibleSchema")
+        for h in headers
+    )
+    assert {h["icesink.source.topic"].decode() for h in headers} == {topics["products"]}
