@@ -8,6 +8,7 @@ DuckDB, with one snapshot per batch that wrote to it.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from service.sample import SampleSource, ensure_topic, produce
+from service.sample import Change, SampleSource, ensure_topic, produce
 from tests.sink.conftest import Sink
 from tests.sink.expect import appended_rows, assert_rows, assert_seqs_increasing
 
@@ -49,6 +50,17 @@ def _feed(bootstrap: str, topic: str, source: SampleSource, n: int, history: lis
     history.extend(changes)
 
 
+def _with_a_new_column(change: Change) -> Change:
+    """The change as its source table sends it after ``ALTER TABLE ... ADD COLUMN note text``."""
+    value = copy.deepcopy(change.value)
+    for part in value["schema"]["fields"]:
+        if part["field"] in ("before", "after"):
+            part["fields"] = [*part["fields"], {"field": "note", "type": "string", "optional": True}]
+    if value["payload"].get("after"):
+        value["payload"]["after"]["note"] = f"note-{change.key['payload']['id']}"
+    return Change(key=change.key, value=value, op=change.op, row=change.row)
+
+
 def _rows_in(catalog: Catalog, table: str) -> int:
     if not catalog.table_exists(table):
         return -1
@@ -60,7 +72,7 @@ def test_topics_of_a_database_land_in_their_own_tables_exactly(
     make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
 ) -> None:
     sink, prefix, namespace = _many_table_sink(make_sink, unique_name)
-    names = ["customers", "orders", "events"]
+    names = ["customers", "orders", "events", "products"]
     sources = {name: SampleSource(keys=80, seed=i, table=name) for i, name in enumerate(names)}
     history: dict[str, list[Any]] = {name: [] for name in [*names, "late"]}
     for name in names:
@@ -72,13 +84,20 @@ def test_topics_of_a_database_land_in_their_own_tables_exactly(
         # A table whose topic appears while the sink runs: no restart.
         sources["late"] = SampleSource(keys=50, seed=9, table="late")
         _feed(sink.bootstrap, f"{prefix}.late", sources["late"], 120, history["late"])
-        for name in names:  # and more changes to the others meanwhile
+        for name in names[:3]:  # and more changes to the others meanwhile
             _feed(sink.bootstrap, f"{prefix}.{name}", sources[name], 100, history[name])
+        # products' source table gains a column mid-stream.
+        evolved = [_with_a_new_column(sources["products"].next_change()) for _ in range(100)]
+        produce(sink.bootstrap, f"{prefix}.products", evolved)
+        notes: dict[int, str | None] = {}
+        for change in evolved:
+            key = change.key["payload"]["id"]
+            notes[key] = None if change.op == "d" else f"note-{key}"
         run.wait_for_log(f"to {namespace}.late:", timeout=180)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             status = json.loads(sink.cli("status").stdout)
-            if all(t["lag"] == 0 for t in status["tables"]) and len(status["tables"]) == 4:
+            if all(t["lag"] == 0 for t in status["tables"]) and len(status["tables"]) == 5:
                 break
             time.sleep(2)
         else:
@@ -89,6 +108,9 @@ def test_topics_of_a_database_land_in_their_own_tables_exactly(
     log = run.log()
     for name in ["customers", "orders", "late"]:
         assert_rows(spark, f"{namespace}.{name}", sources[name].expected_rows())
+    products = [{**row, "note": notes.get(row["id"])} for row in sources["products"].expected_rows()]
+    assert_rows(spark, f"{namespace}.products", products)
+    assert f"evolved the schema of {namespace}.products" in log
     assert_rows(spark, f"{namespace}.events", appended_rows(history["events"]))
     orders = rest_catalog.load_table(f"{namespace}.orders")
     assert [f.name for f in orders.spec().fields] == ["country"]
