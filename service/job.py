@@ -492,8 +492,11 @@ class SinkJob:
         offsets = merge_offsets(self.offsets, end)
         writes: list[TableWrite] = []
         persisted: DataFrame | None = None
+        touched = self.routes.touched(end, self.offsets)
+        if arrow and len(touched) > 1:  # each table's job reads its topics' rows: once from Kafka
+            persisted = records = records.persist()
         try:
-            for identifier, topics in self.routes.touched(end, self.offsets).items():
+            for identifier, topics in touched.items():
                 if identifier in self.routes.isolated:
                     self._dead_letter_table(identifier, self._records_of(records, topics))
                     continue
