@@ -131,7 +131,7 @@ class Bench:
         }
 
     def count(self, table: str) -> int:
-        from tests.readers import duckdb_connect
+        from readers import duckdb_connect
 
         con = duckdb_connect()
         try:

@@ -240,7 +240,7 @@ def ceiling(spark: Any, stack: Stack, topic: str, repeats: int = 3, arrow: bool 
     from functools import partial
 
     from bench.workload import COLUMNS
-    from service.data.columns import column_from_config
+    from service.model.columns import column_from_config
 
     records = _in_memory(spark, stack, topic)
     events = records.count()

@@ -55,14 +55,14 @@ def _parse(text: str, units: dict[str, Any]) -> float:
 
 
 def _trino_table(table: str) -> str:
-    from tests.readers import trino_table
+    from readers import trino_table
 
     return trino_table(table)
 
 
 def keeps_filter(table: str) -> bool:
     """Whether Trino's plan of the predicate keeps a row filter on the scan (``filterPredicate``)."""
-    from tests.readers import trino_query
+    from readers import trino_query
 
     plan = "\n".join(
         r["Query Plan"] for r in trino_query(f"EXPLAIN {QUERY.format(table=_trino_table(table))}")
@@ -109,7 +109,7 @@ def _run(cursor: Any, sql: str) -> dict[str, Any]:
 
 def copy(table: str) -> str:
     """A copy of `table`'s rows made by Trino, with the same partitioning (no delete files)."""
-    from tests.readers import trino_query
+    from readers import trino_query
 
     target = f"{table}_copy"
     trino_query(
@@ -137,7 +137,7 @@ def applicable_deletes(stack: Stack, table: str) -> dict[str, int]:
 
 
 def measure(stack: Stack, table: str, repeats: int = 5) -> dict[str, Any]:
-    from tests.readers import trino_connect
+    from readers import trino_connect
 
     sql = QUERY.format(table=_trino_table(table))
     con = trino_connect()

@@ -39,7 +39,7 @@ def table_files(stack: Stack, table: str) -> dict[str, int]:
 
 
 def scan_times(spark: Any, stack: Stack, table: str, repeats: int = 3) -> dict[str, Any]:
-    from tests.readers import duckdb_connect
+    from readers import duckdb_connect
 
     spark_table = f"rest.{table}"
     spark.sql(f"REFRESH TABLE {spark_table}")

@@ -69,7 +69,7 @@ def spark_session(stack: Stack, cores: int = 2) -> Any:
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from tests.readers import spark_conf
+    from readers import spark_conf
 
     conf = {
         **spark_conf(cores=cores),

@@ -16,8 +16,8 @@ sys.path.insert(0, str(REPO))
 
 from pyiceberg.catalog import load_catalog  # noqa: E402
 
+from readers import duckdb_connect  # noqa: E402
 from service.sample import SampleSource, ensure_topic, produce  # noqa: E402
-from tests.readers import duckdb_connect  # noqa: E402
 
 
 def main() -> int:
@@ -104,7 +104,7 @@ def main() -> int:
     print("== 5. icesink status")
     print("\n".join("   " + line for line in status.stdout.splitlines()))
     print(
-        f'\nLook yourself: eval "$(dev/stack env)" && .venv/bin/python -c "from tests.readers import duckdb_connect; '
+        f'\nLook yourself: eval "$(dev/stack env)" && .venv/bin/python -c "from readers import duckdb_connect; '
         f"print(duckdb_connect().sql('SELECT * FROM cat.{table} LIMIT 10'))\""
     )
     return 0 if got == want else 1

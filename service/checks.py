@@ -8,7 +8,7 @@ from service.config import SinkConfig
 
 
 def _kafka(config: SinkConfig) -> str:
-    from service.source import partitions
+    from service.kafka.source import partitions
 
     parts = partitions(config.kafka)
     return ", ".join(f"{t} ({len(p)} partitions)" for t, p in parts.items())
@@ -28,7 +28,7 @@ def _txnlog(config: SinkConfig) -> str:
 
 
 def _offsets(config: SinkConfig) -> str:
-    from service.offsets import describe
+    from service.kafka.offsets import describe
 
     return describe(config)
 
@@ -88,7 +88,7 @@ def _spark_jars(config: SinkConfig) -> str:
     """The check ``icesink run`` makes before it claims the sink: jar files are looked into without
     Spark; packages can only be resolved by Spark, so then a local session is started and stopped."""
     from service import spark_jars
-    from service.job import build_spark
+    from service.spark_session import build_spark
 
     jars = spark_jars.resolve(config.spark)
     detail = spark_jars.check_files(jars)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from service.config import ConfigError, SinkConfig, load_config
-from service.data.columns import SchemaError
 from service.logs import setup_logging
+from service.model.columns import SchemaError
 from service.units import parse_duration
 
 logger = logging.getLogger("icesink")
@@ -27,8 +27,8 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.channel.committer import LogBehindTable, PlanUncommittable
     from service.health import Health
     from service.job import SinkFenced, SinkJob
-    from service.offsets import OffsetsGone
-    from service.source import SourceError
+    from service.kafka.offsets import OffsetsGone
+    from service.kafka.source import SourceError
     from service.spark_jars import SparkJarsError
 
     health = Health()
@@ -96,8 +96,8 @@ def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _offsets_reset(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.offsets import ResetRefused, reset
-    from service.source import SourceError
+    from service.kafka.offsets import ResetRefused, reset
+    from service.kafka.source import SourceError
 
     if args.partition is not None and args.topic is None:
         print("icesink: offsets reset: --partition needs --topic", file=sys.stderr)

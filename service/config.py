@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pyiceberg.types import PrimitiveType
 
-from service.data.columns import (
+from service.model.columns import (
     DEFAULT_VARIABLE_SCALE,
     SchemaError,
     check_variable_scale_type,

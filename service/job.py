@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -22,27 +21,20 @@ from datetime import datetime
 from functools import reduce
 
 from confluent_kafka.admin import AdminClient
-from pyspark.errors import PySparkRuntimeError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from service import dead_letter, spark_jars
 from service.channel.cadence import Buffer, CommitCadence
 from service.channel.committer import Committer
-from service.channel.pending import BatchPlan, Offsets, PendingCommit, merge_offsets
+from service.channel.pending import BatchPlan, PendingCommit
 from service.config import SinkConfig
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.catalog import catalog_retries, connect
-from service.lag import start_lag_monitor
-from service.metrics import SinkMetrics, setup_metrics
-from service.offsets import OffsetsGone, check_committed, recreated
-from service.pipeline.result import TableWrite
-from service.pipeline.routes import Routes
-from service.pipeline.table import StopRequested
-from service.report import report_commit
-from service.retrying import Backoff, retry_call
-from service.source import (
+from service.kafka import dead_letter
+from service.kafka.lag import start_lag_monitor
+from service.kafka.offsets import OffsetsGone, check_committed, recreated
+from service.kafka.source import (
     SourceError,
     admin,
     batch_end_offsets,
@@ -52,7 +44,14 @@ from service.source import (
     starting_offsets,
     topic_ids,
 )
-from service.spark_jars import SparkJarsError
+from service.metrics import SinkMetrics, setup_metrics
+from service.model.offsets import Offsets, merge_offsets
+from service.pipeline.result import TableWrite
+from service.pipeline.routes import Routes
+from service.pipeline.table import StopRequested
+from service.report import report_commit
+from service.retrying import Backoff, retry_call
+from service.spark_session import build_spark
 from service.txnlog_client import open_txnlog
 from txnlog import Fenced, Lease, LockTimeout
 
@@ -61,57 +60,6 @@ logger = logging.getLogger(__name__)
 
 class SinkFenced(RuntimeError):
     """A newer replica took over; this one must stop without writing anything more."""
-
-
-def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
-    """The sink's Spark session, with the jars it needs (:mod:`service.spark_jars`).
-
-    A jar that is missing, can't be fetched or resolved, or lacks a class the Kafka source needs raises
-    :class:`SparkJarsError` here: the sink builds its session before it claims anything.
-    """
-    # Python workers must run the same interpreter (and packages) as the driver.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = spark_jars.resolve(config.spark)
-    spark_jars.check_files(jars)
-    master = master or config.spark.master
-    builder = (
-        SparkSession.builder.master(master)
-        .appName(config.spark.app_name or f"icesink-{config.sink_id}")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", str(config.write.parallelism))
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-    )
-    if master.startswith("local"):
-        # A local-mode driver needs no address reachable from elsewhere.
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-            "spark.driver.host", "127.0.0.1"
-        )
-    for key, value in {**jars.conf, **config.spark.conf}.items():
-        builder = builder.config(key, value)
-    try:
-        spark = builder.getOrCreate()
-    except PySparkRuntimeError as exc:
-        # Spark resolves packages before its JVM is up: Ivy's report (above, on stderr) names the
-        # module it could not find, and the gateway just exits.
-        if jars.packages and exc.getCondition() == "JAVA_GATEWAY_EXITED":
-            raise SparkJarsError(
-                f"Spark did not start: it could not resolve the packages {', '.join(jars.packages)} "
-                f"(spark.jars.packages, through Ivy in {jars.ivy_home}; Ivy's report above says which "
-                f"module it did not find)"
-            ) from None
-        raise
-    spark.sparkContext.setLogLevel("WARN")
-    try:
-        spark_jars.check_session(spark, jars)
-    except SparkJarsError:
-        spark.stop()
-        raise
-    logger.info("Spark jars: %s", jars.describe())
-    return spark
 
 
 class SinkJob:
@@ -444,7 +392,7 @@ class SinkJob:
     def process_batch(self, records: DataFrame, end: Offsets) -> None:
         """Write one micro-batch and commit it, or buffer it while the cadence says to wait.
 
-        ``end`` is where Spark's source ends the batch (:func:`service.source.batch_end_offsets`):
+        ``end`` is where Spark's source ends the batch (:func:`service.kafka.source.batch_end_offsets`):
         what the commit covers, past any aborted records and transaction markers at its end. With an
         empty buffer the Arrow path is tried first, table by table; a table's records it declines are
         written by Spark's path.

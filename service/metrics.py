@@ -142,7 +142,7 @@ class SinkMetrics:
         self.commit_failures.add(1, self.attrs(**{"error.type": error_type}))
 
     def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
-        """Records past the committed offset, per (topic, partition); see service.lag."""
+        """Records past the committed offset, per (topic, partition); see service.kafka.lag."""
         with self._lock:
             self._lag = dict(lag)
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from service.channel.marks import latest_mark
-from service.channel.pending import PendingCommit, offsets_to_json
+from service.channel.pending import PendingCommit
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
+from service.model.offsets import offsets_to_json
 from service.operator import command_owner
 from service.txnlog_client import open_txnlog
 

@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from service.source import CLIENT_LOGGER
+from service.kafka.source import CLIENT_LOGGER
 
 COUNTRIES = ("de", "fr", "us", "jp", "br", "in")
 COLUMNS_SCHEMA = [
@@ -45,7 +45,7 @@ def _decimal_b64(value: Decimal, scale: int = 2) -> str:
 
 def table_columns() -> list[dict[str, Any]]:
     """The sample table as ``table.columns`` configuration, for events without a schema section."""
-    from service.data.columns import column_from_connect
+    from service.model.columns import column_from_connect
 
     columns = [column_from_connect(field) for field in COLUMNS_SCHEMA]
     return [{"name": c.name, "type": str(c.type), "required": c.required} for c in columns]

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from service.channel.marks import latest_mark
-from service.channel.pending import BatchPlan, Offsets
+from service.channel.pending import BatchPlan
 from service.config import SinkConfig
+from service.model.offsets import Offsets
 from service.txnlog_client import open_txnlog
 
 
@@ -29,7 +30,7 @@ def _routes(config: SinkConfig, committed: BatchPlan | None) -> dict[str, str]:
 
 
 def _lag(config: SinkConfig, committed: Offsets) -> tuple[dict[str, int], str | None]:
-    from service.source import end_offsets
+    from service.kafka.source import end_offsets
 
     try:
         ends = end_offsets(config.kafka, {t: sorted(ps) for t, ps in committed.items()}, timeout_s=5.0)

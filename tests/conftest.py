@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # makes `tests.readers` importable from any test module
+if str(REPO) not in sys.path:  # makes `readers` importable from any test module
     sys.path.insert(0, str(REPO))
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def trino(stack: Stack) -> str:
 def spark(stack: Stack) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
-    from tests.readers import spark_conf as reader_spark_conf
+    from readers import spark_conf as reader_spark_conf
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame
 
-from service.channel.pending import Offsets, merge_offsets
+from service.model.offsets import Offsets, merge_offsets
 
 
 @dataclass(frozen=True)

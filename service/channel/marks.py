@@ -16,14 +16,8 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from service.channel.pending import (
-    SUMMARY_OFFSETS,
-    SUMMARY_SEQ,
-    SUMMARY_SINK_ID,
-    Offsets,
-    offsets_from_json,
-    offsets_to_json,
-)
+from service.channel.pending import SUMMARY_OFFSETS, SUMMARY_SEQ, SUMMARY_SINK_ID
+from service.model.offsets import Offsets, offsets_from_json, offsets_to_json
 
 
 def property_key(sink_id: str, name: str) -> str:

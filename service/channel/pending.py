@@ -8,10 +8,8 @@ from typing import Any
 
 from pyiceberg.manifest import DataFile
 
-from service.iceberg.datafile_json import from_json, to_json
-
-# topic → partition → next offset to read (exclusive end of what the commit covers)
-Offsets = dict[str, dict[int, int]]
+from service.model.datafile_json import from_json, to_json
+from service.model.offsets import Offsets, offsets_from_json, offsets_to_json
 
 SUMMARY_SINK_ID = "icesink.sink-id"
 SUMMARY_EPOCH = "icesink.epoch"
@@ -22,21 +20,6 @@ SUMMARY_OFFSETS = "icesink.offsets"
 def new_snapshot_id() -> int:
     """A positive 63-bit id chosen before the commit, so the commit can be recognised afterwards."""
     return secrets.randbits(63) or 1
-
-
-def offsets_to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
-    return {topic: {str(p): o for p, o in sorted(parts.items())} for topic, parts in sorted(offsets.items())}
-
-
-def offsets_from_json(obj: dict[str, dict[str, int]] | None) -> Offsets:
-    return {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in (obj or {}).items()}
-
-
-def merge_offsets(base: Offsets, newer: Offsets) -> Offsets:
-    merged = {topic: dict(parts) for topic, parts in base.items()}
-    for topic, parts in newer.items():
-        merged.setdefault(topic, {}).update(parts)
-    return merged
 
 
 @dataclass

@@ -31,9 +31,9 @@ from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame
 
 from service.data.arrow_decode import Declined, decode, latest_per_key
-from service.data.columns import Column
 from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
-from service.iceberg.datafile_json import from_json, to_json
+from service.model.columns import Column
+from service.model.datafile_json import from_json, to_json
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class ArrowBatch:
 def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
     """Per topic-partition: the newest record's timestamp (µs) and the value bytes.
 
-    Where the batch ends is not the last offset read (see service.source.batch_end_offsets)."""
+    Where the batch ends is not the last offset read (see service.kafka.source.batch_end_offsets)."""
     sizes = pc.fill_null(pc.binary_length(table["value"]), 0)
     grouped = (
         table.select(["topic", "partition"])

@@ -49,7 +49,6 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data import temporal
-from service.data.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 from service.data.debezium import (
     CHANGE_ORDER,
     KAFKA_POSITION,
@@ -66,6 +65,7 @@ from service.data.debezium import (
     variable_scale_text,
 )
 from service.data.files import DELETE_OP, OP_COLUMN
+from service.model.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _RANK = "__icesink_rank"

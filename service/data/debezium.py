@@ -45,8 +45,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from service.data import temporal
-from service.data.columns import Column, Encoding
 from service.data.files import OP_COLUMN
+from service.model.columns import Column, Encoding
 
 ERROR_COLUMN = "__icesink_error"
 CORRUPT_COLUMN = "__icesink_corrupt"

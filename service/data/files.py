@@ -25,7 +25,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, IcebergType, ListType, TimeType, UUIDType
 
-from service.iceberg.datafile_json import to_json
+from service.model.datafile_json import to_json
 
 # Column of the rows fed to the writer that says what a row is (see service.data.changes).
 OP_COLUMN = "__icesink_op"

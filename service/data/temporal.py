@@ -45,7 +45,7 @@ from pyiceberg.types import TimestampType
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import functions as F
 
-from service.data.columns import Column, Encoding
+from service.model.columns import Column, Encoding
 
 MICROS_PER_DAY = 86_400_000_000
 _JULIAN_DAY_0 = 2_440_588  # the Julian day number of 1970-01-01

@@ -29,7 +29,7 @@ from pyiceberg.types import (
     NestedField,
 )
 
-from service.data.columns import Column, SchemaError
+from service.model.columns import Column, SchemaError
 
 logger = logging.getLogger(__name__)
 

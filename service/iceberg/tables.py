@@ -34,8 +34,8 @@ from pyiceberg.transforms import (
 )
 
 from service.config import SinkConfig, TableConfig
-from service.data.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
+from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 
 logger = logging.getLogger(__name__)
 

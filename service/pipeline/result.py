@@ -7,7 +7,8 @@ from datetime import datetime
 
 from pyiceberg.manifest import DataFile
 
-from service.channel.pending import Offsets, PendingCommit, new_snapshot_id
+from service.channel.pending import PendingCommit, new_snapshot_id
+from service.model.offsets import Offsets
 
 
 @dataclass(frozen=True)

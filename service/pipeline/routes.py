@@ -14,11 +14,11 @@ from collections.abc import Iterable
 
 from pyiceberg.catalog import Catalog
 
-from service.channel.pending import Offsets
 from service.config import SinkConfig, render_identifier, template_fields
+from service.kafka.source import peek
 from service.metrics import SinkMetrics
+from service.model.offsets import Offsets
 from service.pipeline.table import TABLE_FAILURES, TablePipeline
-from service.source import peek
 
 logger = logging.getLogger(__name__)
 

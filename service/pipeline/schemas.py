@@ -13,7 +13,9 @@ from pyspark.sql import functions as F
 
 from service.config import TableConfig
 from service.data.arrow_decode import unsupported
-from service.data.columns import (
+from service.data.debezium import schema_text
+from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
+from service.model.columns import (
     Column,
     Encoding,
     SchemaError,
@@ -21,8 +23,6 @@ from service.data.columns import (
     columns_from_envelope_schema,
     with_encodings,
 )
-from service.data.debezium import schema_text
-from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 
 logger = logging.getLogger(__name__)
 

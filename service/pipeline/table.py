@@ -27,23 +27,12 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from service import dead_letter
-from service.channel.pending import Offsets
 from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_batch
 from service.data.arrow_decode import Declined
-from service.data.columns import (
-    Column,
-    Encoding,
-    SchemaError,
-    check_key_types,
-    column_from_config,
-    columns_from_envelope_schema,
-)
 from service.data.debezium import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS, decode, latest_per_key
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition
 from service.iceberg.catalog import catalog_retries
-from service.iceberg.datafile_json import from_json
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,
     check_write_properties,
@@ -52,11 +41,22 @@ from service.iceberg.tables import (
     format_version_problem,
     parse_partition_field,
 )
+from service.kafka import dead_letter
+from service.kafka.source import Peek, peek
 from service.metrics import SinkMetrics
+from service.model.columns import (
+    Column,
+    Encoding,
+    SchemaError,
+    check_key_types,
+    column_from_config,
+    columns_from_envelope_schema,
+)
+from service.model.datafile_json import from_json
+from service.model.offsets import Offsets
 from service.pipeline.result import TableWrite
 from service.pipeline.schemas import SchemaTracker
 from service.retrying import Backoff, brief, retry_call
-from service.source import Peek, peek
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 
-from tests.readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, spark_rows
 from tests.sink.conftest import REPO, Sink, SinkRun
 from tests.sink.expect import assert_seqs_increasing, diff, sink_snapshots
 

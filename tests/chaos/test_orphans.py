@@ -19,12 +19,12 @@ import yaml
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from readers import duckdb_connect
 from service.channel.committer import Committer
 from service.channel.pending import PendingCommit, new_snapshot_id
-from service.data.columns import column_from_config, iceberg_schema
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.metrics import noop_metrics
-from tests.readers import duckdb_connect
+from service.model.columns import column_from_config, iceberg_schema
 from tests.sink.conftest import ICESINK, REPO
 from txnlog import Phase, TransactionLog
 

@@ -295,7 +295,7 @@ log:
             if not lag and not any(s.name == "icesink_kafka_lag" for s in scraper.all_samples()):
                 raise AssertionError(
                     "icesink.kafka.lag is not exported at all: SinkJob.run must start "
-                    "service.lag.start_lag_monitor once consuming (see docs/metrics.md)"
+                    "service.kafka.lag.start_lag_monitor once consuming (see docs/metrics.md)"
                 )
             return len(lag) == 3 and all(s.value == 0 for s in lag)
 

@@ -14,7 +14,7 @@ from ops_helpers import REPO, free_port, http_status, parse_prometheus
 
 from service.config import parse_config
 from service.health import Health
-from service.lag import LagMonitor, compute_lag
+from service.kafka.lag import LagMonitor, compute_lag
 from service.metrics import INSTRUMENTS, SinkMetrics, otlp_metrics_url
 
 DOC = REPO / "docs" / "metrics.md"

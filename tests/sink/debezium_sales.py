@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from readers import duckdb_rows, spark_rows
 from tests.cdc import CdcSource, differences, write_corpus
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, open_cdc
 
 SNAPSHOT_ROWS = 40

@@ -17,10 +17,10 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from service.data.columns import Column
 from service.data.debezium import ERROR_COLUMN, SOURCE_COLUMNS
 from service.data.debezium import decode as spark_decode
 from service.data.files import OP_COLUMN
+from service.model.columns import Column
 
 KAFKA_ROW = T.StructType(
     [

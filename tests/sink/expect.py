@@ -11,8 +11,8 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 from sqlalchemy import create_engine, delete, update
 
+from readers import duckdb_rows, spark_rows
 from service.sample import Change
-from tests.readers import duckdb_rows, spark_rows
 from txnlog import SinkState
 from txnlog.dsn import parse_dsn
 from txnlog.schema import tables

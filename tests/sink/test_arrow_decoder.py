@@ -24,10 +24,10 @@ from pyiceberg.types import StringType
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
-from service.data.columns import Column, Encoding, column_from_config, list_of
 from service.data.debezium import ERROR_COLUMN
 from service.data.debezium import decode as spark_decode
 from service.data.debezium import latest_per_key as spark_latest_per_key
+from service.model.columns import Column, Encoding, column_from_config, list_of
 from tests.sink.decoders import comparable, kafka_positions, normalise, value_columns
 from tests.sink.decoders import spark_decoded as decode_with_spark
 

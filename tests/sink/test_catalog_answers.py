@@ -15,13 +15,13 @@ import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
+from readers import duckdb_connect
 from service.channel.committer import Committer
 from service.config import load_config
 from service.failpoints import configure as configure_failpoints
 from service.job import SinkJob
 from service.metrics import noop_metrics
 from tests.chaos.proxy import CONFIG_PATH, NAMESPACES_PATH, TABLE_PATH, TABLES_PATH, FaultProxy
-from tests.readers import duckdb_connect
 from tests.sink.conftest import Sink
 from tests.sink.test_commit_protocol import COLUMNS, pending_for
 from txnlog import Phase, TransactionLog
@@ -51,7 +51,7 @@ def log(pg_dsn: str) -> Iterator[TransactionLog]:
 
 @pytest.fixture
 def table(rest_catalog: Catalog, unique_name: Callable[[str], str]) -> Table:
-    from service.data.columns import iceberg_schema
+    from service.model.columns import iceberg_schema
 
     namespace = unique_name("answers")
     rest_catalog.create_namespace(namespace)

@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Any
 
-from tests.readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import topic_records
 

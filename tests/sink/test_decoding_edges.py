@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from readers import duckdb_rows, spark_rows
 from service.data import arrow_decode
-from service.data.columns import column_from_config
-from tests.readers import duckdb_rows, spark_rows
+from service.model.columns import column_from_config
 from tests.sink.conftest import Sink, SinkRun
 from tests.sink.decoders import kafka_positions
 from tests.sink.expect import topic_records

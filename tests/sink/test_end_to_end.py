@@ -10,8 +10,8 @@ import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.manifest import ManifestContent
 
+from readers import duckdb_connect
 from service.sample import table_columns
-from tests.readers import duckdb_connect
 from tests.sink.conftest import Sink
 from tests.sink.expect import appended_rows, assert_rows, assert_seqs_increasing, diff, sink_snapshots
 

@@ -11,7 +11,9 @@ from confluent_kafka import Consumer, Producer
 from pyiceberg.catalog import Catalog
 from pyiceberg.types import DecimalType, IntegerType, LongType, StringType
 
-from service.data.columns import (
+from readers import duckdb_rows, spark_rows
+from service.iceberg.evolution import EvolutionPolicy, IncompatibleSchema, apply, check, plan
+from service.model.columns import (
     Column,
     Encoding,
     column_from_config,
@@ -19,8 +21,6 @@ from service.data.columns import (
     iceberg_schema,
     list_of,
 )
-from service.iceberg.evolution import EvolutionPolicy, IncompatibleSchema, apply, check, plan
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.test_end_to_end import _catalog
 

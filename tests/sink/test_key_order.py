@@ -13,8 +13,8 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
+from readers import duckdb_rows, spark_rows
 from service.channel.pending import SUMMARY_OFFSETS
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, change
 from tests.sink.expect import sink_snapshots
 

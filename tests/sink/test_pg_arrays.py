@@ -20,7 +20,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType
 
 from service.cli import EXIT_CONFIG
-from service.data.columns import column_from_config, iceberg_schema
+from service.model.columns import column_from_config, iceberg_schema
 from tests.cdc import CdcSource, write_corpus
 from tests.sink.conftest import Sink, open_cdc
 from tests.sink.debezium_sales import assert_table_matches

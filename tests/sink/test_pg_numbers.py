@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
+from readers import duckdb_rows, spark_rows
 from service.data import arrow_decode
-from service.data.columns import Column, column_from_config, columns_from_envelope_schema
+from service.model.columns import Column, column_from_config, columns_from_envelope_schema
 from tests.cdc import CdcSource, Connector, differences, write_corpus
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.decoders import comparable, kafka_positions
 from tests.sink.expect import topic_records

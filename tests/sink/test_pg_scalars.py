@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from readers import duckdb_rows, spark_rows
 from service.data.arrow_decode import decode
-from service.data.columns import columns_from_envelope_schema
 from service.data.debezium import ERROR_COLUMN
+from service.model.columns import columns_from_envelope_schema
 from tests.cdc import CdcSource, differences, write_corpus
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.decoders import comparable, kafka_positions, spark_decoded
 

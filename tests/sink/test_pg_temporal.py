@@ -21,8 +21,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from readers import duckdb_connect, duckdb_rows
 from tests.cdc import CdcSource, differences, write_corpus
-from tests.readers import duckdb_connect, duckdb_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import topic_records
 

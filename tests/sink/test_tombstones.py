@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, change
 from tests.sink.expect import topic_records
 

@@ -19,7 +19,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import ManifestContent
 
-from tests.readers import duckdb_rows, spark_rows, trino_query, trino_rows, trino_table
+from readers import duckdb_rows, spark_rows, trino_query, trino_rows, trino_table
 from tests.sink.conftest import Sink, new_sink
 from tests.sink.expect import diff
 from tests.sink.test_end_to_end import _catalog

@@ -19,13 +19,13 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.types import FixedType
 
+from readers import duckdb_rows, spark_rows
 from service.channel.pending import PendingCommit
 from service.cli import EXIT_CONFIG, EXIT_OK
-from service.data.columns import column_from_config, iceberg_schema
 from service.failpoints import KILL_EXIT_CODE
+from service.model.columns import column_from_config, iceberg_schema
 from service.orphans import data_location, list_files
 from service.sample import table_columns
-from tests.readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, topic_records
 from txnlog import Action, Phase, TransactionLog

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadataUtil
 
-from service.data.columns import columns_from_envelope_schema, iceberg_schema
+from service.model.columns import columns_from_envelope_schema, iceberg_schema
 from service.sample import envelope_schema
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows

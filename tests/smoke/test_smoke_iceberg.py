@@ -17,7 +17,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DateType, DoubleType, LongType, NestedField, StringType, TimestamptzType
 from pyspark.sql import SparkSession
 
-from tests.readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, spark_rows
 from tests.smoke.eq_deletes import commit_equality_deletes
 
 MOR = {

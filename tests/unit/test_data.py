@@ -18,7 +18,8 @@ from pyiceberg.transforms import (
 from pyiceberg.typedef import Record
 from pyiceberg.types import DecimalType, LongType, StringType, TimestampType, TimestamptzType, UUIDType
 
-from service.data.columns import (
+from service.iceberg.tables import parse_partition_field
+from service.model.columns import (
     Encoding,
     SchemaError,
     column_from_config,
@@ -26,8 +27,7 @@ from service.data.columns import (
     iceberg_schema,
     parse_iceberg_type,
 )
-from service.iceberg.datafile_json import from_json, to_json
-from service.iceberg.tables import parse_partition_field
+from service.model.datafile_json import from_json, to_json
 
 
 def test_connect_logical_types() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from service.dead_letter import FRAMING_BYTES, MAX_ERROR_BYTES, Header, fit
+from service.kafka.dead_letter import FRAMING_BYTES, MAX_ERROR_BYTES, Header, fit
 
 HEADERS: list[Header] = [("icesink.error", b"malformed"), ("icesink.source.offset", b"7")]
 

@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from service import source
 from service.config import SinkConfig
+from service.kafka import source
+from service.kafka.source import Watermarks
 from service.metrics import SinkMetrics
-from service.source import Watermarks
 
 logger = logging.getLogger(__name__)
 

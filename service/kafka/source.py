@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from service.channel.pending import Offsets, offsets_from_json
 from service.config import KafkaConfig
+from service.model.offsets import Offsets, offsets_from_json
 
 logger = logging.getLogger(__name__)
 # librdkafka's own log lines go through Python logging (JSON when configured), never raw to stderr.

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from service.channel.pending import BatchPlan, Offsets
+from service.channel.pending import BatchPlan
 from service.config import KafkaConfig, SinkConfig
+from service.kafka.source import SourceError, admin, consumer, partitions, topic_ids, watermarks
+from service.model.offsets import Offsets
 from service.operator import command_owner
-from service.source import SourceError, admin, consumer, partitions, topic_ids, watermarks
 from service.txnlog_client import open_txnlog
 from txnlog import Phase, SinkState
 

@@ -1,0 +1,67 @@
+"""The sink's Spark session: the jars it needs, and the settings a streaming sink runs with."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from pyspark.errors import PySparkRuntimeError
+from pyspark.sql import SparkSession
+
+from service import spark_jars
+from service.config import SinkConfig
+from service.spark_jars import SparkJarsError
+
+logger = logging.getLogger(__name__)
+
+
+def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
+    """The sink's Spark session, with the jars it needs (:mod:`service.spark_jars`).
+
+    A jar that is missing, can't be fetched or resolved, or lacks a class the Kafka source needs raises
+    :class:`SparkJarsError` here: the sink builds its session before it claims anything.
+    """
+    # Python workers must run the same interpreter (and packages) as the driver.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    jars = spark_jars.resolve(config.spark)
+    spark_jars.check_files(jars)
+    master = master or config.spark.master
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(config.spark.app_name or f"icesink-{config.sink_id}")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(config.write.parallelism))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    if master.startswith("local"):
+        # A local-mode driver needs no address reachable from elsewhere.
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
+    for key, value in {**jars.conf, **config.spark.conf}.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        # Spark resolves packages before its JVM is up: Ivy's report (above, on stderr) names the
+        # module it could not find, and the gateway just exits.
+        if jars.packages and exc.getCondition() == "JAVA_GATEWAY_EXITED":
+            raise SparkJarsError(
+                f"Spark did not start: it could not resolve the packages {', '.join(jars.packages)} "
+                f"(spark.jars.packages, through Ivy in {jars.ivy_home}; Ivy's report above says which "
+                f"module it did not find)"
+            ) from None
+        raise
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        spark_jars.check_session(spark, jars)
+    except SparkJarsError:
+        spark.stop()
+        raise
+    logger.info("Spark jars: %s", jars.describe())
+    return spark
