@@ -121,6 +121,7 @@ class SinkMetrics:
             description="Tables isolated by their own failure (table.on_failure: dead_letter), by "
             "icesink.table and error.type; their records go to the dead-letter topic",
         )
+        self.tables_isolated.add(0, self.attrs())  # a series to alert on before the first isolation
         meter.create_observable_gauge(
             "icesink.kafka.lag",
             callbacks=[self._observe_lag],

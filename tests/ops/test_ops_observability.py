@@ -31,6 +31,7 @@ PROMETHEUS = {
     "icesink.dead_letters": "icesink_dead_letters_total",
     "icesink.dead_letters.failed": "icesink_dead_letters_failed_total",
     "icesink.batches.declined": "icesink_batches_declined_total",
+    "icesink.tables.isolated": "icesink_tables_isolated_total",
     "icesink.kafka.lag": "icesink_kafka_lag",
     "icesink.freshness": "icesink_freshness_seconds",
 }
@@ -49,6 +50,7 @@ def exercise(m: SinkMetrics) -> None:
     m.dead_letters.add(2, m.attrs())
     m.dead_letters_failed.add(1, m.attrs())
     m.declined_batches.add(1, m.attrs())
+    m.tables_isolated.add(1, m.attrs(**{"error.type": "IncompatibleSchema"}))
     m.set_lag({("t", 0): 7, ("t", 1): 0})
     m.set_freshness(3.0)
 
