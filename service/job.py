@@ -48,7 +48,7 @@ from service.metrics import SinkMetrics, setup_metrics
 from service.model.offsets import Offsets, merge_offsets
 from service.pipeline.result import TableWrite
 from service.pipeline.routes import Routes
-from service.pipeline.table import StopRequested
+from service.pipeline.table import TABLE_FAILURES, StopRequested, write_arrow_tables
 from service.report import report_commit
 from service.retrying import Backoff, retry_call
 from service.spark_session import build_spark
@@ -444,6 +444,7 @@ class SinkJob:
         if arrow and len(touched) > 1:  # each table's job reads its topics' rows: once from Kafka
             persisted = records = records.persist()
         try:
+            done = self._arrow_tables(records, touched, offsets) if arrow and self.routes.many else {}
             for identifier, topics in touched.items():
                 if identifier in self.routes.isolated:
                     self._dead_letter_table(identifier, self._records_of(records, topics))
@@ -451,8 +452,8 @@ class SinkJob:
                 pipeline = self.routes.pipelines[identifier]
                 mine = {t: offsets[t] for t in topics if t in offsets} if self.routes.many else offsets
                 try:
-                    write = None
-                    if arrow and pipeline.arrow_ready():
+                    write = done.get(identifier)
+                    if arrow and not self.routes.many and pipeline.arrow_ready():
                         write = pipeline.write_arrow(self._records_of(records, topics), mine)
                     if write is None:
                         if arrow and persisted is None:  # declined: Spark's path reads the batch again
@@ -472,6 +473,26 @@ class SinkJob:
             writes = [w for w in writes if w.files or w.records]
         if writes or offsets != self.offsets:
             self._commit(writes, offsets)
+
+    def _arrow_tables(
+        self, records: DataFrame, touched: dict[str, list[str]], offsets: Offsets
+    ) -> dict[str, TableWrite]:
+        """The tables of a batch the Arrow path can take, written in one Spark job; the others (and
+        any it declined) are left to Spark's path, table by table."""
+        ready = {
+            identifier: (pipeline, topics, {t: offsets[t] for t in topics if t in offsets})
+            for identifier, topics in touched.items()
+            if (pipeline := self.routes.pipelines.get(identifier)) is not None and pipeline.arrow_ready()
+        }
+        if not ready:
+            return {}
+        try:
+            return write_arrow_tables(records, ready)
+        except TABLE_FAILURES as exc:  # one table's own failure: found again, table by table, below
+            logger.warning(
+                "writing %d tables in one job failed (%s); writing them one by one", len(ready), exc
+            )
+            return {}
 
     def _dead_letter_table(self, identifier: str, records: DataFrame) -> None:
         """An isolated table's records of this batch, to the dead-letter topic with the reason."""

@@ -37,7 +37,7 @@ from service.model.datafile_json import from_json, to_json
 
 logger = logging.getLogger(__name__)
 
-OUTPUT_SCHEMA = "kind string, text string, blob binary"
+OUTPUT_SCHEMA = "kind string, text string, blob binary, target string"
 # A task holds its share of the batch in memory several times over while it decodes (Arrow, Python
 # bytes, the parsed table): above this many bytes of Kafka rows it declines, and Spark's path, which
 # can spill to disk, takes the batch. Only a large backlog without kafka.max_offsets_per_trigger
@@ -92,9 +92,14 @@ def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
     ]
 
 
-def _row(kind: str, text: str, blob: bytes | None = None) -> pa.RecordBatch:
+def _row(kind: str, text: str, blob: bytes | None = None, target: str = "") -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(
-        {"kind": pa.array([kind]), "text": pa.array([text]), "blob": pa.array([blob], pa.binary())}
+        {
+            "kind": pa.array([kind]),
+            "text": pa.array([text]),
+            "blob": pa.array([blob], pa.binary()),
+            "target": pa.array([target]),
+        }
     )
 
 
@@ -107,22 +112,39 @@ def _ipc(table: pa.Table) -> bytes:
 
 def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: one task's Kafka rows → its files, positions and keys, or a decline."""
+    yield from process_tables({"": spec}, {}, batches)
+
+
+def process_tables(
+    specs: dict[str, ArrowBatchSpec], targets: dict[str, str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body for a batch of several tables: each topic's rows are written into its
+    table (``targets``: topic → table, ``specs``: table → spec; with one table, ``""``)."""
     collected: list[pa.RecordBatch] = []
     held = 0
+    limit = min(spec.max_task_bytes for spec in specs.values())
     for batch in batches:  # read to the end either way; keep nothing past the limit
         held += batch.nbytes
-        if held <= spec.max_task_bytes:
+        if held <= limit:
             collected.append(batch)
-    if held > spec.max_task_bytes:
-        yield _row(
-            "declined",
-            f"a task's share of the batch is over {spec.max_task_bytes >> 20} MiB "
-            "(cap batches with kafka.max_offsets_per_trigger)",
-        )
+    if not collected and held <= limit:
         return
-    if not collected:
+    if held > limit:
+        reason = f"a task's share of the batch is over {limit >> 20} MiB (cap batches with kafka.max_offsets_per_trigger)"
+        for target in specs:
+            yield _row("declined", reason, target=target)
         return
     table = pa.Table.from_batches(collected)
+    if not targets:
+        yield from _process(specs[""], table, "")
+        return
+    for topic in pc.unique(table["topic"]).to_pylist():
+        target = targets[topic]
+        yield from _process(specs[target], table.filter(pc.equal(table["topic"], topic)), target)
+
+
+def _process(spec: ArrowBatchSpec, table: pa.Table, target: str) -> Iterator[pa.RecordBatch]:
+    """One table's rows of one task: decode, last change per key, files."""
     summary: dict[str, Any] = {"positions": _positions(table)}
     write = spec.write
     # Tombstones are deletes in upsert mode and ignored in append mode, as in Spark's path.
@@ -148,16 +170,16 @@ def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -
             rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
         data, deletes = write_files(write, rows.select([c.name for c in spec.columns] + [OP_COLUMN]))
     except Declined as exc:
-        yield _row("declined", str(exc))
+        yield _row("declined", str(exc), target=target)
         return
     for f in data + deletes:
-        yield _row("file", json.dumps(to_json(f)))
+        yield _row("file", json.dumps(to_json(f)), target=target)
     summary["records"] = decoded.records
     summary["by_op"] = decoded.by_op
     summary["schemas"] = decoded.schemas
     summary["seconds"] = {"decode": decoded_at - started, "write": time.perf_counter() - decoded_at}
     keys = _ipc(rows.select(write.key)) if write.upsert else None
-    yield _row("summary", json.dumps(summary), keys)
+    yield _row("summary", json.dumps(summary), keys, target=target)
 
 
 def _delete_quietly(spec: WriteSpec, files: list[DataFile]) -> None:
@@ -188,6 +210,43 @@ def run(
     rows = (
         records.select(*KAFKA_COLUMNS).mapInArrow(partial(process_partition, spec), OUTPUT_SCHEMA).collect()
     )
+    outcome = _outcome(spec, rows, check_schemas)
+    if isinstance(outcome, str):
+        raise Declined(outcome)
+    return outcome
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table of a batch of several: what its tasks need, its topics, how to check its schemas."""
+
+    spec: ArrowBatchSpec
+    topics: list[str]
+    check_schemas: Callable[[set[str]], str | None] | None = None
+
+
+def run_tables(records: DataFrame, tables: dict[str, TableSpec]) -> dict[str, ArrowBatch | str]:
+    """Write a batch of several tables in one Spark job: each task writes its topic's rows into the
+    topic's table. Per table, its :class:`ArrowBatch`, or why it was declined (its files deleted):
+    the declined tables take Spark's path, the others are done."""
+    specs = {name: t.spec for name, t in tables.items()}
+    targets = {topic: name for name, t in tables.items() for topic in t.topics}
+    rows = (
+        records.where(records["topic"].isin(list(targets)))
+        .select(*KAFKA_COLUMNS)
+        .mapInArrow(partial(process_tables, specs, targets), OUTPUT_SCHEMA)
+        .collect()
+    )
+    by_table: dict[str, list[Any]] = {name: [] for name in tables}
+    for r in rows:
+        by_table[r["target"]].append(r)
+    return {name: _outcome(t.spec, by_table[name], t.check_schemas) for name, t in tables.items()}
+
+
+def _outcome(
+    spec: ArrowBatchSpec, rows: list[Any], check_schemas: Callable[[set[str]], str | None] | None
+) -> ArrowBatch | str:
+    """One table's rows of the job's output → its ArrowBatch, or the reason it is declined."""
     files = [from_json(json.loads(r["text"])) for r in rows if r["kind"] == "file"]
     declined = [r["text"] for r in rows if r["kind"] == "declined"]
     summaries = [(json.loads(r["text"]), r["blob"]) for r in rows if r["kind"] == "summary"]
@@ -199,7 +258,7 @@ def run(
             declined.append(reason)
     if declined:
         _delete_quietly(spec.write, files)
-        raise Declined(declined[0])
+        return declined[0]
     result = ArrowBatch(files=files)
     newest_us: int | None = None
     for summary, _ in summaries:

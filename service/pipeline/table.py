@@ -204,9 +204,18 @@ class TablePipeline:
         try:
             batch = self._retrying(lambda: self._arrow_run(records))
         except Declined as exc:
-            logger.info("batch declined by the Arrow decoder (%s); decoding it with Spark", exc)
-            self.metrics.declined_batches.add(1, self.metrics.attrs())
+            self.declined(str(exc))
             return None
+        return self.arrow_written(batch, offsets, started)
+
+    def declined(self, reason: str) -> None:
+        logger.info(
+            "batch of %s declined by the Arrow decoder (%s); decoding it with Spark", self.identifier, reason
+        )
+        self.metrics.declined_batches.add(1, self.metrics.attrs(table=self.identifier))
+
+    def arrow_written(self, batch: arrow_batch.ArrowBatch, offsets: Offsets, started: float) -> TableWrite:
+        """The TableWrite of a batch the Arrow path wrote."""
         written = time.monotonic()
         logger.debug(
             "Arrow batch: %d records; in the tasks: decode + compaction %.2fs, files %.2fs; job %.2fs",
@@ -276,7 +285,8 @@ class TablePipeline:
             writer_properties=self.config.write.table_properties(),
         )
 
-    def _arrow_run(self, records: DataFrame) -> arrow_batch.ArrowBatch:
+    def arrow_spec(self, topics: list[str]) -> arrow_batch.TableSpec:
+        """What the Arrow path's tasks need to write this table's rows of a batch, as the table is now."""
         table = self.catalog.load_table(self.identifier)
         spec = arrow_batch.ArrowBatchSpec(
             write=self._write_spec(table),
@@ -285,7 +295,11 @@ class TablePipeline:
             schema_sections=self.schemas.track,
         )
         check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
-        return arrow_batch.run(records, spec, check_schemas)
+        return arrow_batch.TableSpec(spec, topics, check_schemas)
+
+    def _arrow_run(self, records: DataFrame) -> arrow_batch.ArrowBatch:
+        table_spec = self.arrow_spec([])
+        return arrow_batch.run(records, table_spec.spec, table_spec.check_schemas)
 
     def _spark_write(
         self,
@@ -373,3 +387,26 @@ class TablePipeline:
         )
         if sent.failed:
             self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
+
+
+def write_arrow_tables(
+    records: DataFrame, tables: dict[str, tuple[TablePipeline, list[str], Offsets]]
+) -> dict[str, TableWrite]:
+    """Several tables' rows of one batch through the Arrow path in one Spark job (each task writes
+    its topic's rows into the topic's table); the tables it declined are left out of the result, for
+    Spark's path. The job is retried as a whole, as one table's would be."""
+    started = time.monotonic()
+    first = next(iter(tables.values()))[0]
+
+    def attempt() -> dict[str, arrow_batch.ArrowBatch | str]:
+        specs = {name: pipeline.arrow_spec(topics) for name, (pipeline, topics, _) in tables.items()}
+        return arrow_batch.run_tables(records, specs)
+
+    writes = {}
+    for name, outcome in first._retrying(attempt).items():
+        pipeline, _, offsets = tables[name]
+        if isinstance(outcome, str):
+            pipeline.declined(outcome)
+        else:
+            writes[name] = pipeline.arrow_written(outcome, offsets, started)
+    return writes
