@@ -138,9 +138,12 @@ def process_tables(
     if not targets:
         yield from _process(specs[""], table, "")
         return
+    # One Kafka partition at a time, as if each had its task (the job coalesces small partitions).
     for topic in pc.unique(table["topic"]).to_pylist():
-        target = targets[topic]
-        yield from _process(specs[target], table.filter(pc.equal(table["topic"], topic)), target)
+        rows = table.filter(pc.equal(table["topic"], topic))
+        for partition in pc.unique(rows["partition"]).to_pylist():
+            part = rows.filter(pc.equal(rows["partition"], partition))
+            yield from _process(specs[targets[topic]], part, targets[topic])
 
 
 def _process(spec: ArrowBatchSpec, table: pa.Table, target: str) -> Iterator[pa.RecordBatch]:
@@ -225,14 +228,19 @@ class TableSpec:
     check_schemas: Callable[[set[str]], str | None] | None = None
 
 
-def run_tables(records: DataFrame, tables: dict[str, TableSpec]) -> dict[str, ArrowBatch | str]:
-    """Write a batch of several tables in one Spark job: each task writes its topic's rows into the
+def run_tables(records: DataFrame, tables: dict[str, TableSpec], tasks: int) -> dict[str, ArrowBatch | str]:
+    """Write a batch of several tables in one Spark job: each Kafka partition's rows go into its
     topic's table. Per table, its :class:`ArrowBatch`, or why it was declined (its files deleted):
-    the declined tables take Spark's path, the others are done."""
+    the declined tables take Spark's path, the others are done.
+
+    A database's topics are many and mostly small: Spark's one task per Kafka partition would spend
+    more on scheduling tasks than on their rows, so the partitions are coalesced (no shuffle) into at
+    most ``tasks`` tasks, each of which still handles partition by partition."""
     specs = {name: t.spec for name, t in tables.items()}
     targets = {topic: name for name, t in tables.items() for topic in t.topics}
     rows = (
         records.where(records["topic"].isin(list(targets)))
+        .coalesce(tasks)
         .select(*KAFKA_COLUMNS)
         .mapInArrow(partial(process_tables, specs, targets), OUTPUT_SCHEMA)
         .collect()
