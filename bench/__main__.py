@@ -25,6 +25,7 @@ from bench.workload import SteadyProducer, Workload, ensure_topic, produce, reco
 
 ALL = (
     "icesink-upsert",
+    "icesink-many",
     "icesink-append",
     "merge-into",
     "spark-append",
@@ -50,7 +51,7 @@ class Size:
 
 
 SIZES = {
-    "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:6]),
+    "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:7]),
     "medium": Size(160_000, 32_000, 20_000, 20, 30, 1_000, ALL),
     "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, ALL),
 }
@@ -126,6 +127,49 @@ class Bench:
                 "data_files": sum(s["data_files"] for s in snaps),
                 "delete_files": sum(s["delete_files"] for s in snaps),
                 "bytes_written": sum(s["bytes"] for s in snaps),
+            },
+            "memory": run.memory,
+        }
+
+    def many_tables(self, concurrency: int) -> dict[str, Any]:
+        """The same events spread over ``--tables`` topics (a key stays in one topic), one table each,
+        through one sink (``table.identifier: <ns>.{topic}``), upsert, the same batch size."""
+        n = self.args.tables
+        if not hasattr(self, "many_topics"):
+            prefix = unique("bench_many")
+            self.many_topics = [f"{prefix}_t{i:03d}" for i in range(n)]
+            per_topic: list[list[Any]] = [[] for _ in range(n)]
+            for event in self.workload.events:
+                per_topic[json.loads(event.key)["id"] % n].append(event)
+            took = 0.0
+            for topic, events in zip(self.many_topics, per_topic, strict=True):
+                ensure_topic(self.stack.kafka, topic, 1)
+                took += produce(self.stack.kafka, topic, events)
+            log(f"produced the same events to {n} topics in {took:.1f}s")
+        name = unique("bench_many")
+        pattern = self.many_topics[0].rsplit("_t", 1)[0] + r"_t\d+"
+        config = sink_config(
+            self.stack, name, self.many_topics[0], f"{name}.{{topic}}", "upsert", self.size.batch, 1
+        )
+        config["kafka"].pop("topics")
+        config["kafka"]["topic_pattern"] = pattern
+        config["commit"]["concurrency"] = concurrency
+        sink = Sink(self.stack, self.workdir, f"{name}_c{concurrency}", config)
+        log(f"icesink, {n} tables, commit.concurrency {concurrency}: {name} (log {sink.run.log_path})")
+        sink.start("--until-caught-up")
+        run = sink.wait(timeout=3600)
+        counted = None
+        if not self.args.no_check:
+            counted = sum(self.count(f"{name}.{topic}") for topic in self.many_topics)
+        commits = [(b.committed_at, b.records) for b in run.batches]
+        return {
+            "throughput": {
+                **self._streamed(f"icesink {n} tables", commits, run.wall_s, counted, True),
+                "tables": n,
+                "cpu_s": run.cpu_s,
+                "batch_s": figures.summarise([b.write_s + b.commit_s for b in run.batches]),
+                "write_s": figures.summarise([b.write_s for b in run.batches]),
+                "commit_s": figures.summarise([b.commit_s for b in run.batches]),
             },
             "memory": run.memory,
         }
@@ -364,6 +408,13 @@ class Bench:
                 runs[key] = self.icesink(mode, extra={"source": {"decoder": "spark"}})
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+        elif part == "icesink-many":
+            runs[f"icesink-{self.args.tables}-tables"] = self.many_tables(concurrency=8)
+            if self.args.many_serial:
+                key = f"icesink-{self.args.tables}-tables@c1"
+                runs[key] = self.many_tables(concurrency=1)
+                log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+            part = f"icesink-{self.args.tables}-tables"
         elif part == "merge-into":
             runs[part] = self.baseline("merge")
         elif part == "spark-append":
@@ -430,6 +481,11 @@ class Bench:
         out = {}
         pairs = [
             ("icesink-upsert", "merge-into", "upsert vs MERGE INTO (target ≥ 5x)"),
+            (
+                f"icesink-{self.args.tables}-tables",
+                "icesink-upsert",
+                f"{self.args.tables} tables vs one table, upsert (target ≥ 0.5x)",
+            ),
             ("icesink-append", "spark-append", "append vs Spark writeStream"),
             ("ceiling", "icesink-upsert", "ceiling vs icesink upsert (target ≤ 3x)"),
             ("ceiling-arrow", "icesink-upsert", "ceiling (Arrow decoder) vs icesink upsert"),
@@ -459,6 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int, help="override the size's number of events")
     p.add_argument("--batch", type=int, help="override the size's max_offsets_per_trigger")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--tables", type=int, default=100, help="tables (and topics) of the icesink-many part")
+    p.add_argument(
+        "--many-serial",
+        action="store_true",
+        help="also run the many-tables part with commit.concurrency 1 (tables committed one by one)",
+    )
     p.add_argument(
         "--spark-decoder",
         action="store_true",

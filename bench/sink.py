@@ -90,7 +90,12 @@ def sink_config(
 
 
 def parse_batches(log: str) -> list[Batch]:
-    batches = []
+    """One Batch per committed seq, from the commit lines (JSON logs).
+
+    A sink of many tables logs one line per table a batch wrote: their records and write times add
+    up (the tables are written one after the other), the commit is one (the plan's).
+    """
+    batches: dict[int, Batch] = {}
     for line in log.splitlines():
         if not line.startswith("{") or _COMMITTED not in line:
             continue
@@ -99,19 +104,20 @@ def parse_batches(log: str) -> list[Batch]:
         except ValueError:
             continue
         message = entry.get("message", "")
-        if not message.startswith(_COMMITTED):
+        if not message.startswith(_COMMITTED) or "write_s" not in entry:  # an offsets-only commit
             continue
-        write_s, commit_s = float(entry["write_s"]), float(entry["commit_s"])
-        batches.append(
-            Batch(
-                seq=int(entry["seq"]),
-                committed_at=datetime.fromisoformat(entry["time"]).timestamp(),
-                records=int(entry["records"]),
-                write_s=write_s,
-                commit_s=commit_s,
-            )
-        )
-    return batches
+        seq = int(entry["seq"])
+        committed_at = datetime.fromisoformat(entry["time"]).timestamp()
+        write_s, commit_s, records = float(entry["write_s"]), float(entry["commit_s"]), int(entry["records"])
+        if seq in batches:
+            b = batches[seq]
+            b.records += records
+            b.write_s += write_s
+            b.commit_s = max(b.commit_s, commit_s)
+            b.committed_at = max(b.committed_at, committed_at)
+        else:
+            batches[seq] = Batch(seq, committed_at, records, write_s, commit_s)
+    return [batches[seq] for seq in sorted(batches)]
 
 
 class Sink:
