@@ -20,7 +20,7 @@ import pytest
 import yaml
 from ops_helpers import REPO
 
-from service.config import load_config
+from service.config import load_config, parse_config
 
 CHART = REPO / "deploy" / "helm" / "icesink"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
@@ -66,7 +66,25 @@ def cases() -> Iterator[str]:
 
 def test_ci_values_cover_the_options() -> None:
     names = {v.stem for v in CI_VALUES}
-    assert {"minimal-values", "full-values", "spark-kubernetes-values", "bare-values"} <= names
+    assert {
+        "minimal-values",
+        "full-values",
+        "spark-kubernetes-values",
+        "bare-values",
+        "multi-table-values",
+    } <= names
+
+
+def test_a_multi_table_release_renders_its_routing(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """ci/multi-table-values.yaml: a topic pattern, a template identifier and per-table overrides
+    reach the sink's configuration as icesink reads them."""
+    sink_yaml = one(rendered["multi-table-values"], "ConfigMap")["data"]["sink.yaml"]
+    config = parse_config(yaml.safe_load(sink_yaml), env={"ICESINK_TXNLOG__DSN": "postgresql://u@db/icesink"})
+    assert config.kafka.topic_pattern == r"shop\.public\..*" and config.kafka.reads("shop.public.orders")
+    assert config.table.is_template and config.commit.concurrency == 8
+    orders, audit = config.table_settings("lake.orders"), config.table_settings("lake.audit_log")
+    assert orders.partition_by == ["country"] and orders.mode.value == "upsert"
+    assert audit.mode.value == "append" and audit.on_failure == "dead_letter"
 
 
 @pytest.mark.parametrize("case", list(cases()))
@@ -272,6 +290,7 @@ def test_the_smallest_values_render(rendered: dict[str, list[dict[str, Any]]], t
         ("unknown top-level key", {"replicaCount": 3}, "replicaCount"),
         ("chart-owned config key", {"config": {"health": {"port": 1}}}, "health"),
         ("no topics", {"config": {"kafka": {"topics": []}}}, "topics"),
+        ("a bad override", {"config": {"tables": {"a.b": {"colour": "red"}}}}, "colour"),
         ("upsert without key", {"config": {"table": {"identifier": "a.b", "key": []}}}, "key"),
         ("bad table identifier", {"config": {"table": {"identifier": "nodot"}}}, "identifier"),
         ("non-local master", {"spark": {"master": "yarn"}}, "master"),
