@@ -194,8 +194,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--no-schema", action="store_true", help="envelopes without the schema section")
+    p.add_argument(
+        "--table", default=SampleSource.table, help="the source table the events name (source.table)"
+    )
     args = p.parse_args()
-    source = SampleSource(keys=args.keys, seed=args.seed, with_schema=not args.no_schema)
+    source = SampleSource(keys=args.keys, seed=args.seed, with_schema=not args.no_schema, table=args.table)
     ensure_topic(args.bootstrap, args.topic, args.partitions)
     changes = [source.next_change() for _ in range(args.events)]
     produce(args.bootstrap, args.topic, changes)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from ops_helpers import REPO
 
-from service.config import load_config
+from service.config import load_config, render_identifier
 
 COMPOSE = REPO / "docker-compose.yml"
 
@@ -122,10 +122,13 @@ def test_mounted_files_exist_and_the_sink_config_is_valid(
     assert config.catalog["s3.secret-access-key"] == env["AWS_SECRET_ACCESS_KEY"]
     assert config.spark.conf.get("spark.ui.showConsoleProgress") == "false"
     assert config.health.port == 8080 and config.metrics.prometheus_port == 9464
-    producer_topic = services["producer"]["command"][0].split("--topic ")[1].split()[0]
-    assert config.kafka.topics == [producer_topic]
+    # The producer's topics are the sink's, and the table the query looks at is one the sink writes.
+    runs = services["producer"]["command"][0].split("python -m service.sample")[1:]
+    produced = {run.split("--topic ")[1].split()[0]: run.split("--table ")[1].split()[0] for run in runs}
+    assert len(produced) == 2 and all(config.kafka.reads(topic) for topic in produced)
+    tables = {render_identifier(config.table.identifier, {"source.table": t}) for t in produced.values()}
     query_table = services["query"]["command"][services["query"]["command"].index("--table") + 1]
-    assert config.table.identifier == query_table
+    assert query_table in tables and config.table_settings(query_table).partition_by == ["country"]
     secret = env["AWS_SECRET_ACCESS_KEY"]
     assert secret not in Path(mounts[config_path]).read_text(), "credentials stay out of the config file"
 
