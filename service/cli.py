@@ -29,6 +29,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.job import SinkFenced, SinkJob
     from service.kafka.offsets import OffsetsGone
     from service.kafka.source import SourceError
+    from service.pipeline.routes import Unroutable
     from service.spark_jars import SparkJarsError
 
     health = Health()
@@ -42,7 +43,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except SinkFenced as exc:
         logger.error("stopping: this replica was fenced by a newer one and wrote nothing more (%s)", exc)
         return EXIT_FENCED
-    except OffsetsGone as exc:
+    except (OffsetsGone, Unroutable) as exc:
         logger.error("stopping: %s", exc)
         return EXIT_CONFIG
     except (SchemaError, SourceError, SparkJarsError, LogBehindTable, PlanUncommittable) as exc:
