@@ -530,11 +530,12 @@ class SinkJob:
     def _commit(self, writes: list[TableWrite], offsets: Offsets) -> None:
         """Commit the batch's writes as one plan (service.channel.committer), then report each table's."""
         plans = [w.plan({t: i for t, i in self.topic_ids.items() if t in w.offsets}) for w in writes]
-        if self.routes.many or not plans:
-            plan = self._offsets_plan(offsets)
-            plan.tables = plans
-        else:
+        if self.routes.many:
+            plan = BatchPlan(offsets, plans, dict(self.topic_ids), dict(self.routes.tables))
+        elif plans:
             plan = BatchPlan.of_one_table(plans[0])
+        else:  # the one table is isolated: only the offsets move
+            plan = self._offsets_plan(offsets)
         for write in writes:
             self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
         before = time.monotonic()
