@@ -205,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config.log)
     nested = (getattr(args, "txnlog_command", None), getattr(args, "offsets_command", None))
     command = " ".join(c for c in (args.command, *nested) if c)
-    return COMMANDS[command](config, args)
+    try:
+        return COMMANDS[command](config, args)
+    except ConfigError as exc:  # a command the configuration does not allow (reseed of many tables)
+        print(f"icesink: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":
