@@ -249,10 +249,15 @@ BASE = {
 
 
 def merged(patch: dict[str, Any]) -> dict[str, Any]:
+    """BASE with `patch` applied; None removes a key."""
+
     def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         out = dict(a)
         for k, v in b.items():
-            out[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
         return out
 
     return merge(BASE, patch)
@@ -276,6 +281,28 @@ def test_the_smallest_values_render(rendered: dict[str, list[dict[str, Any]]], t
     assert res.returncode == 0, res.stderr
 
 
+def test_a_template_sink_needs_no_key(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """Upsert mode needs table.key for one table only: a template's tables take their record keys'
+    (or a key of their own under tables); the sink.yaml carries the pattern and no empty topics."""
+    patch = {
+        "config": {
+            "kafka": {"topics": None, "topic_pattern": r"shop\.public\..*"},
+            "table": {"identifier": "lake.{source.schema}_{source.table}", "key": None},
+            "tables": {"lake.public_orders": {"key": ["order_id"]}},
+            "source": {"variable_scale_decimal": "decimal(38,10)"},
+        }
+    }
+    res = helm_template(merged(patch), tmp_path)
+    assert res.returncode == 0, res.stderr
+    config_map = next(d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "ConfigMap")
+    sink = yaml.safe_load(config_map["data"]["sink.yaml"])
+    assert "topics" not in sink["kafka"] and "key" not in sink["table"]
+    config = parse_config(sink, env={"ICESINK_TXNLOG__DSN": "postgresql://u@db/x"})
+    assert config.kafka.topic_pattern == r"shop\.public\..*" and config.table.is_template
+    assert config.table_settings("lake.public_orders").key == ["order_id"]
+    assert config.table_settings("lake.public_customers").key == []  # from the record keys
+
+
 @pytest.mark.parametrize(
     ("why", "patch", "message"),
     [
@@ -291,6 +318,34 @@ def test_the_smallest_values_render(rendered: dict[str, list[dict[str, Any]]], t
         ("chart-owned config key", {"config": {"health": {"port": 1}}}, "health"),
         ("no topics", {"config": {"kafka": {"topics": []}}}, "topics"),
         ("a bad override", {"config": {"tables": {"a.b": {"colour": "red"}}}}, "colour"),
+        (
+            "topics and a pattern",
+            {"config": {"kafka": {"topic_pattern": "t.*"}}},
+            "set one of topics (a list of topics) and topic_pattern (a regex), not both",
+        ),
+        ("neither topics nor a pattern", {"config": {"kafka": {"topics": None}}}, "topic_pattern"),
+        ("an empty pattern", {"config": {"kafka": {"topics": None, "topic_pattern": ""}}}, "topic_pattern"),
+        (
+            "a template field icesink does not know",
+            {"config": {"table": {"identifier": "lake.{source.name}"}}},
+            "identifier",
+        ),
+        (
+            "a template that is no namespace.table",
+            {"config": {"table": {"identifier": "{topic}"}}},
+            "identifier",
+        ),
+        (
+            "an override of another table than the fixed one",
+            {"config": {"tables": {"a.other": {"mode": "append"}}}},
+            "config.tables.a.other: the sink writes only a.b",
+        ),
+        (
+            "an override keyed by a template",
+            {"config": {"table": {"identifier": "a.{source.table}"}, "tables": {"a.{source.table}": {}}}},
+            "invalid propertyName 'a.{source.table}'",
+        ),
+        ("commit concurrency 0", {"config": {"commit": {"concurrency": 0}}}, "concurrency"),
         ("upsert without key", {"config": {"table": {"identifier": "a.b", "key": []}}}, "key"),
         ("bad table identifier", {"config": {"table": {"identifier": "nodot"}}}, "identifier"),
         ("non-local master", {"spark": {"master": "yarn"}}, "master"),

@@ -112,4 +112,16 @@ the Spark settings the pod layout needs). Spark settings are strings, as icesink
 {{- if not (or (hasKey $txnlog "dsn") (hasKey .Values.credentials.env "ICESINK_TXNLOG__DSN")) -}}
 {{- fail "the txnlog DSN is missing: map ICESINK_TXNLOG__DSN to a key of the Secret in credentials.env" -}}
 {{- end -}}
+{{- $kafka := default (dict) .Values.config.kafka -}}
+{{- if and (get $kafka "topics") (get $kafka "topic_pattern") -}}
+{{- fail "config.kafka: set one of topics (a list of topics) and topic_pattern (a regex), not both" -}}
+{{- end -}}
+{{- $identifier := toString (get (default (dict) .Values.config.table) "identifier") -}}
+{{- if not (contains "{" $identifier) -}}
+{{- range $name, $_ := (default (dict) .Values.config.tables) -}}
+{{- if ne $name $identifier -}}
+{{- fail (printf "config.tables.%s: the sink writes only %s (config.table.identifier is not a template such as lake.{source.table})" $name $identifier) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
