@@ -1,4 +1,5 @@
-"""Demo: a sample table's change stream → Kafka → icesink → Iceberg, shown as a reader sees it."""
+"""Demo: a sample database's change stream → Kafka → icesink → one Iceberg table per source table,
+shown as a reader sees them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,19 +24,30 @@ from service.sample import SampleSource, ensure_topic, produce  # noqa: E402
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--events", type=int, default=5000)
+    p.add_argument("--events", type=int, default=5000, help="changes per table")
     p.add_argument("--keys", type=int, default=1000)
     args = p.parse_args()
     env = os.environ
     run_id = time.strftime("%Y%m%d%H%M%S")
-    topic, table, sink_id = f"demo.shop.customers.{run_id}", f"demo.customers_{run_id}", f"demo-{run_id}"
+    # One sink, two source tables: each table's topic as a Debezium connector with this topic.prefix
+    # names it, each landing in a table of its own named from the events' source section.
+    prefix, namespace, sink_id = f"demo{run_id}", f"demo_{run_id}", f"demo-{run_id}"
+    names = ("customers", "orders")
+    topics = {name: f"{prefix}.public.{name}" for name in names}
+    tables = {name: f"{namespace}.{name}" for name in names}
     workdir = REPO / ".cache" / "demo"
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / f"{sink_id}.yaml"
-    config = {
+    config: dict[str, Any] = {
         "sink_id": sink_id,
-        "kafka": {"bootstrap_servers": "${ICESINK_KAFKA_BOOTSTRAP}", "topics": [topic]},
-        "table": {"identifier": table, "key": ["id"], "mode": "upsert", "partition_by": ["country"]},
+        "kafka": {
+            "bootstrap_servers": "${ICESINK_KAFKA_BOOTSTRAP}",
+            "topic_pattern": rf"{prefix}\.public\..*",
+        },
+        # every table: upsert, keyed by the fields of the Kafka record key (Debezium's primary key)
+        "table": {"identifier": f"{namespace}.{{source.table}}", "mode": "upsert"},
+        # what differs for one table
+        "tables": {tables["customers"]: {"partition_by": ["country"]}},
         "catalog": {
             "name": "rest",
             "type": "rest",
@@ -49,18 +62,25 @@ def main() -> int:
     }
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 
-    print(f"== 1. a sample database's change stream → Kafka topic {topic}")
-    source = SampleSource(keys=args.keys, seed=int(run_id[-6:]))
-    ensure_topic(env["ICESINK_KAFKA_BOOTSTRAP"], topic, 3)
-    changes = [source.next_change() for _ in range(args.events)]
-    produce(env["ICESINK_KAFKA_BOOTSTRAP"], topic, changes)
-    ops = {op: sum(1 for c in changes if c.op == op) for op in "cud"}
-    print(
-        f"   {len(changes)} changes (inserts {ops['c']}, updates {ops['u']}, deletes {ops['d']}); "
-        f"the source table now holds {len(source.rows)} rows"
-    )
+    print(f"== 1. a sample database's change stream → Kafka topics {', '.join(topics.values())}")
+    sources = {
+        name: SampleSource(keys=args.keys, seed=int(run_id[-6:]) + i, table=name)
+        for i, name in enumerate(names)
+    }
+    for name, source in sources.items():
+        ensure_topic(env["ICESINK_KAFKA_BOOTSTRAP"], topics[name], 3)
+        changes = [source.next_change() for _ in range(args.events)]
+        produce(env["ICESINK_KAFKA_BOOTSTRAP"], topics[name], changes)
+        ops = {op: sum(1 for c in changes if c.op == op) for op in "cud"}
+        print(
+            f"   {name}: {len(changes)} changes (inserts {ops['c']}, updates {ops['u']}, deletes {ops['d']}); "
+            f"the source table now holds {len(source.rows)} rows"
+        )
 
     print(f"== 2. icesink run --config {config_path.relative_to(REPO)} --until-caught-up")
+    print(
+        f"   (topic_pattern {config['kafka']['topic_pattern']}, table.identifier {config['table']['identifier']})"
+    )
     started = time.monotonic()
     code = subprocess.call(
         [str(REPO / ".venv/bin/icesink"), "run", "--config", str(config_path), "--until-caught-up"]
@@ -70,44 +90,56 @@ def main() -> int:
         return code
     print(f"   caught up in {time.monotonic() - started:.1f}s")
 
-    print(f"== 3. the table {table} as DuckDB reads it (merge-on-read: data + equality-delete files)")
     con = duckdb_connect()
-    ident = ".".join(f'"{p}"' for p in ["cat", *table.split(".")])
-    count = con.execute(f"SELECT count(*) FROM {ident}").fetchone()[0]
-    print(f"   {count} rows")
-    for row in con.execute(
-        f"SELECT id, name, country, amount, updated_at FROM {ident} ORDER BY id LIMIT 5"
-    ).fetchall():
-        print("  ", row)
-    by_country = con.execute(f"SELECT country, count(*) FROM {ident} GROUP BY 1 ORDER BY 1").fetchall()
-    print("   rows per country partition:", dict(by_country))
-    got = {r[0]: r[1] for r in con.execute(f"SELECT id, version FROM {ident}").fetchall()}
-    want = {r["id"]: r["version"] for r in source.expected_rows()}
-    print(f"   matches the source table exactly: {'yes' if got == want else 'NO'}")
-
-    print("== 4. snapshot summaries (what each commit covered)")
     catalog = load_catalog(
         "rest", **{k: os.path.expandvars(v) for k, v in config["catalog"].items() if k != "name"}
     )
-    for snap in catalog.load_table(table).snapshots():
-        s = snap.summary
-        keys = ("icesink.seq", "icesink.epoch", "added-records", "added-equality-deletes", "icesink.offsets")
+    exact = True
+    for step, name in enumerate(names, start=3):
+        table = tables[name]
         print(
-            f"   snapshot {snap.snapshot_id}: " + ", ".join(f"{k}={s.get(k)}" for k in keys if s and s.get(k))
+            f"== {step}. the table {table} as DuckDB reads it (merge-on-read: data + equality-delete files)"
         )
+        ident = ".".join(f'"{p}"' for p in ["cat", *table.split(".")])
+        (count,) = con.execute(f"SELECT count(*) FROM {ident}").fetchone() or (0,)
+        iceberg_table = catalog.load_table(table)
+        key = sorted(iceberg_table.schema().identifier_field_names())
+        spec = [f.name for f in iceberg_table.spec().fields]
+        print(f"   {count} rows; key {key} (from the record keys), partitioned by {spec or 'nothing'}")
+        for row in con.execute(
+            f"SELECT id, name, country, amount, updated_at FROM {ident} ORDER BY id LIMIT 3"
+        ).fetchall():
+            print("  ", row)
+        got = {r[0]: r[1] for r in con.execute(f"SELECT id, version FROM {ident}").fetchall()}
+        want = {r["id"]: r["version"] for r in sources[name].expected_rows()}
+        print(f"   matches the source table exactly: {'yes' if got == want else 'NO'}")
+        exact = exact and got == want
+        for snap in iceberg_table.snapshots():
+            s = snap.summary
+            keys = (
+                "icesink.seq",
+                "icesink.epoch",
+                "added-records",
+                "added-equality-deletes",
+                "icesink.offsets",
+            )
+            print(
+                f"   snapshot {snap.snapshot_id}: "
+                + ", ".join(f"{k}={s.get(k)}" for k in keys if s and s.get(k))
+            )
     status = subprocess.run(
         [str(REPO / ".venv/bin/icesink"), "status", "--config", str(config_path)],
         capture_output=True,
         text=True,
         check=True,
     )
-    print("== 5. icesink status")
+    print(f'== {len(names) + 3}. icesink status (one entry per table under "tables")')
     print("\n".join("   " + line for line in status.stdout.splitlines()))
     print(
         f'\nLook yourself: eval "$(dev/stack env)" && .venv/bin/python -c "from readers import duckdb_connect; '
-        f"print(duckdb_connect().sql('SELECT * FROM cat.{table} LIMIT 10'))\""
+        f"print(duckdb_connect().sql('SELECT * FROM cat.{tables[names[0]]} LIMIT 10'))\""
     )
-    return 0 if got == want else 1
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 """Look at an Iceberg table of the compose demo with DuckDB (equality deletes applied).
 
     icesink-query                         # row count, snapshots and a few rows of ICESINK_QUERY_TABLE
+    icesink-query --table demo.customers --table demo.orders   # the same for each table named
     icesink-query --watch 10              # the same every 10 s (the compose `query` service does this)
     icesink-query --sql "SELECT country, count(*) FROM cat.demo.customers GROUP BY 1"
 
 DuckDB's iceberg, avro and httpfs extensions are loaded from the files of their PyPI packages
 (duckdb-extension-*), never downloaded. Endpoints and keys come from the environment:
 ICESINK_REST_URI, ICESINK_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,
-ICESINK_QUERY_TABLE (namespace.table, default demo.customers).
+ICESINK_QUERY_TABLE (namespace.table, default demo.customers; `--table` wins and may be repeated).
 """
 
 from __future__ import annotations
@@ -96,17 +97,23 @@ def summary(con: Any, table: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--table", default=os.environ.get("ICESINK_QUERY_TABLE", "demo.customers"))
+    p.add_argument(
+        "--table",
+        action="append",
+        help="namespace.table; repeat it for several tables (default: $ICESINK_QUERY_TABLE or demo.customers)",
+    )
     p.add_argument("--sql", help="run this SQL instead (the catalog is attached as `cat`)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
     args = p.parse_args(argv)
+    tables = args.table or [os.environ.get("ICESINK_QUERY_TABLE", "demo.customers")]
     while True:
         con = connect()  # a fresh connection sees the newest snapshot
         try:
             if args.sql:
                 show(con, args.sql, limit=1000)
             else:
-                summary(con, args.table)
+                for table in tables:
+                    summary(con, table)
         finally:
             con.close()
         if not args.watch:

@@ -127,8 +127,12 @@ def test_mounted_files_exist_and_the_sink_config_is_valid(
     produced = {run.split("--topic ")[1].split()[0]: run.split("--table ")[1].split()[0] for run in runs}
     assert len(produced) == 2 and all(config.kafka.reads(topic) for topic in produced)
     tables = {render_identifier(config.table.identifier, {"source.table": t}) for t in produced.values()}
-    query_table = services["query"]["command"][services["query"]["command"].index("--table") + 1]
-    assert query_table in tables and config.table_settings(query_table).partition_by == ["country"]
+    query = services["query"]["command"]
+    query_tables = [query[i + 1] for i, arg in enumerate(query) if arg == "--table"]
+    assert set(query_tables) == tables, "the query service watches every table the sink writes"
+    assert set(config.tables) <= tables, "the overrides name tables the demo writes"
+    assert config.table_settings("demo.customers").partition_by == ["country"]
+    assert not config.kafka.reads(config.dead_letter_topic)
     secret = env["AWS_SECRET_ACCESS_KEY"]
     assert secret not in Path(mounts[config_path]).read_text(), "credentials stay out of the config file"
 
