@@ -275,13 +275,21 @@ class CommitConfig(_Section):
     concurrency: int = Field(
         default=8, ge=1, description="Tables committed at once when a batch touches several tables."
     )
+    # A sink of many tables: a table's changes are held (their offsets not committed) until it has
+    # this many, or its oldest held change waited this long (service.pipeline.held).
+    table_min_records: int | None = Field(default=None, ge=1)
+    table_max_period: timedelta | None = None
+
+    @property
+    def holds_tables(self) -> bool:
+        return self.table_min_records is not None or self.table_max_period is not None
 
     @field_validator("min_size", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int | None:
         return None if value is None else parse_size(value)
 
-    @field_validator("max_period", "trigger_interval", mode="before")
+    @field_validator("max_period", "trigger_interval", "table_max_period", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> timedelta | None:
         return None if value is None else parse_duration(value)
@@ -434,6 +442,31 @@ class SinkConfig(_Section):
                     raise ValueError(
                         f"write.{names[prop]} ({value}) and {where} {prop} ({given}) disagree: set one"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _one_commit_cadence(self) -> SinkConfig:
+        """The per-table cadence is for a sink of many tables, and not together with the sink's own."""
+        commit = self.commit
+        if not commit.holds_tables:
+            return self
+        if not self.table.is_template:
+            raise ValueError(
+                "commit.table_min_records and commit.table_max_period hold a table's changes in a sink of "
+                "many tables (a template table.identifier); a sink of one table buffers batches with "
+                "commit.min_size and commit.max_period"
+            )
+        if commit.min_size is not None or commit.max_period is not None:
+            raise ValueError(
+                "commit.min_size/max_period (the whole sink's batches buffered) and "
+                "commit.table_min_records/table_max_period (each table's changes held) can't be combined: "
+                "set one pair"
+            )
+        if self.source.decoder == "spark":
+            raise ValueError(
+                "commit.table_min_records/table_max_period hold the tables' decoded changes, which only "
+                "the Arrow decoder gives: source.decoder must be auto"
+            )
         return self
 
     @model_validator(mode="after")

@@ -46,9 +46,10 @@ from service.kafka.source import (
 )
 from service.metrics import SinkMetrics, setup_metrics
 from service.model.offsets import Offsets, merge_offsets
+from service.pipeline.held import HeldTables, TableCadence
 from service.pipeline.result import TableWrite
 from service.pipeline.routes import Routes
-from service.pipeline.table import TABLE_FAILURES, StopRequested, write_arrow_tables
+from service.pipeline.table import TABLE_FAILURES, ArrowTables, StopRequested, write_arrow_tables
 from service.report import report_commit
 from service.retrying import Backoff, retry_call
 from service.spark_session import build_spark
@@ -74,6 +75,12 @@ class SinkJob:
         self._batch_lock = threading.Lock()
         self._buffer = Buffer()
         self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period)
+        commit = config.commit
+        self.held = (  # a sink of many tables holding each table's changes until they are due
+            HeldTables(TableCadence(commit.table_min_records, commit.table_max_period), commit.concurrency)
+            if commit.holds_tables
+            else None
+        )
         self._stop_requested = threading.Event()
         self._target: Offsets | None = None  # until_caught_up: where the run stops
         self._checkpoint: str  # run(): Spark's throwaway checkpoint, where each batch's end is read
@@ -84,10 +91,12 @@ class SinkJob:
         self._admin: AdminClient
         self.routes = Routes(config, self.catalog, self.metrics)
         self.arrow_decoder: bool
-        # Set by claim_and_recover(): the claim, its committer, and the committed offsets.
+        # Set by claim_and_recover(): the claim, its committer, the committed offsets, and where the
+        # stream has read to (past them by the batches buffered or the tables' changes held).
         self.lease: Lease
         self.committer: Committer
         self.offsets: Offsets
+        self._read: Offsets
 
     def request_stop(self) -> None:
         """Stop after the batch in flight (if any) is committed: SIGTERM's graceful path."""
@@ -139,6 +148,7 @@ class SinkJob:
             check_committed(self.config, self.partitions, self.topic_ids, committed)
             self.offsets = committed.offsets if committed else {}
             self._record_starting_offsets()
+            self._read = dict(self.offsets)
         except Fenced as exc:
             raise SinkFenced(str(exc)) from exc
 
@@ -276,6 +286,7 @@ class SinkJob:
             if self.fatal is None or isinstance(self.fatal, StopRequested):
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
+                    self._commit_held(self.held.tables() if self.held else [], "the stream ended")
         except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None
@@ -345,6 +356,9 @@ class SinkJob:
             self.partitions = partitions(self.config.kafka)
             self.topic_ids = {**self.topic_ids, **topic_ids(self._admin, new)}
         self.process_batch(records, end)
+        self._read = merge_offsets(self._read, end)
+        if self.held is not None:
+            self.metrics.set_held(self.held.counts())
 
     def _flush_when_idle(self) -> None:
         """Commit a buffer whose ``commit.max_period`` passed while no micro-batch came.
@@ -352,6 +366,12 @@ class SinkJob:
         Spark runs no micro-batch while no record arrives, so the batch path alone would leave the
         buffer of the last batches before a pause invisible until traffic resumes.
         """
+        if self.held is not None and self.held.due(time.monotonic()):
+            self._exclusive(
+                lambda: self._commit_held(
+                    self.held.due(time.monotonic()) if self.held else [], "due, no new batch"
+                )
+            )
         buffer = self._buffer
         if not buffer.frames or not self.cadence.due(buffer.bytes, buffer.age(time.monotonic())):
             return
@@ -440,19 +460,31 @@ class SinkJob:
         offsets = merge_offsets(self.offsets, end)
         writes: list[TableWrite] = []
         persisted: DataFrame | None = None
-        touched = self.routes.touched(end, self.offsets)
+        touched = self.routes.touched(end, self._read if self.held else self.offsets)
         if arrow and len(touched) > 1:  # each table's job reads its topics' rows: once from Kafka
             persisted = records = records.persist()
         try:
-            done = self._arrow_tables(records, touched, offsets) if arrow and self.routes.many else {}
+            done = (
+                self._arrow_tables(records, touched, offsets, end)
+                if arrow and self.routes.many
+                else ArrowTables()
+            )
+            writes += self._hold(done, offsets)
             for identifier, topics in touched.items():
+                if identifier in done.held:
+                    continue
                 if identifier in self.routes.isolated:
                     self._dead_letter_table(identifier, self._records_of(records, topics))
                     continue
                 pipeline = self.routes.pipelines[identifier]
                 mine = {t: offsets[t] for t in topics if t in offsets} if self.routes.many else offsets
+                if self.held is not None and identifier in self.held and identifier not in done.writes:
+                    # Spark's path writes this batch: the changes held from earlier ones land first. Not
+                    # under the isolation below: held rows that fail to land stop the sink, and the
+                    # next start reads them again.
+                    self._commit_held([identifier], "its batch takes Spark's path")
                 try:
-                    write = done.get(identifier)
+                    write = done.writes.get(identifier)
                     if arrow and not self.routes.many and pipeline.arrow_ready():
                         write = pipeline.write_arrow(self._records_of(records, topics), mine)
                     if write is None:
@@ -471,28 +503,85 @@ class SinkJob:
                 persisted.unpersist()
         if self.routes.many:
             writes = [w for w in writes if w.files or w.records]
+        offsets = self._sink_offsets(offsets)
         if writes or offsets != self.offsets:
             self._commit(writes, offsets)
 
     def _arrow_tables(
-        self, records: DataFrame, touched: dict[str, list[str]], offsets: Offsets
-    ) -> dict[str, TableWrite]:
-        """The tables of a batch the Arrow path can take, written in one Spark job; the others (and
-        any it declined) are left to Spark's path, table by table."""
+        self, records: DataFrame, touched: dict[str, list[str]], offsets: Offsets, end: Offsets
+    ) -> ArrowTables:
+        """The tables of a batch the Arrow path can take, written (or, for a table whose changes are
+        held, decoded) in one Spark job; the others (and any it declined) are left to Spark's path,
+        table by table."""
         ready = {
             identifier: (pipeline, topics, {t: offsets[t] for t in topics if t in offsets})
             for identifier, topics in touched.items()
             if (pipeline := self.routes.pipelines.get(identifier)) is not None and pipeline.arrow_ready()
         }
         if not ready:
-            return {}
+            return ArrowTables()
+        hold = set()
+        if self.held is not None:
+            hold = {
+                t
+                for t, (_, topics, _) in ready.items()
+                if self.held.to_hold(t, self._records_in(end, topics))
+            }
         try:
-            return write_arrow_tables(records, ready)
+            return write_arrow_tables(records, ready, hold)
         except TABLE_FAILURES as exc:  # one table's own failure: found again, table by table, below
             logger.warning(
                 "writing %d tables in one job failed (%s); writing them one by one", len(ready), exc
             )
-            return {}
+            return ArrowTables()
+
+    def _records_in(self, end: Offsets, topics: list[str]) -> int:
+        """About how many records of ``topics`` a batch ending at ``end`` holds (markers included)."""
+        return sum(
+            max(0, o - self._read.get(t, {}).get(p, 0)) for t in topics for p, o in end.get(t, {}).items()
+        )
+
+    def _hold(self, done: ArrowTables, offsets: Offsets) -> list[TableWrite]:
+        """Hold the batch's rows of the tables whose changes are held; write those now due (by their
+        count, or by the age of their oldest held change, whether this batch touched them or not)."""
+        if self.held is None:
+            return []
+        now = time.monotonic()
+        for identifier, (batch, _) in done.held.items():
+            topics = self.routes.topics_of(identifier)
+            self.held.add(identifier, batch, {t: offsets[t] for t in topics if t in offsets}, now)
+        specs = {identifier: spec for identifier, (_, spec) in done.held.items()}
+        due = self.held.due(now)
+        if due:
+            logger.debug("held changes due: %d table(s); still held: %s", len(due), self.held.summary())
+        return self.held.write(
+            due, lambda t: specs[t] if t in specs else self.routes.pipelines[t].write_spec()
+        )
+
+    def _commit_held(self, tables: list[str], why: str) -> None:
+        """Write and commit the held changes of ``tables`` as a plan of their own."""
+        if self.held is None or not tables:
+            return
+        writes = [
+            w
+            for w in self.held.write(tables, lambda t: self.routes.pipelines[t].write_spec())
+            if w.files or w.records
+        ]
+        offsets = self._sink_offsets(
+            merge_offsets(self.offsets, {t: o for w in writes for t, o in w.offsets.items()})
+        )
+        logger.info("committing the held changes of %d table(s): %s", len(tables), why)
+        if writes or offsets != self.offsets:
+            self._commit(writes, offsets)
+        self.metrics.set_held(self.held.counts())
+
+    def _sink_offsets(self, offsets: Offsets) -> Offsets:
+        """``offsets`` with the topics of the tables holding changes kept where they were committed."""
+        if self.held is None:
+            return offsets
+        held = self.held.topics(self.routes.topics_of)
+        kept = {t: parts for t, parts in offsets.items() if t not in held}
+        return kept | {t: dict(self.offsets[t]) for t in held if t in self.offsets}
 
     def _dead_letter_table(self, identifier: str, records: DataFrame) -> None:
         """An isolated table's records of this batch, to the dead-letter topic with the reason."""

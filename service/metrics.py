@@ -47,6 +47,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "icesink.tables.isolated": ("counter", "{event}"),
     "icesink.kafka.lag": ("gauge", "{record}"),
     "icesink.freshness": ("gauge", "s"),
+    "icesink.tables.held": ("gauge", "{record}"),
 }
 
 
@@ -58,6 +59,7 @@ class SinkMetrics:
         self._lock = threading.Lock()
         self._lag: dict[tuple[str, int], int] = {}
         self._newest_committed: float | None = None  # epoch seconds of the newest committed change
+        self._held: dict[str, int] = {}  # table → records whose changes are held (service.pipeline.held)
         self.written_bytes = meter.create_counter(
             "icesink.iceberg.written",
             unit="By",
@@ -134,6 +136,13 @@ class SinkMetrics:
             unit="s",
             description="Age of the newest committed source change (its Kafka timestamp), now",
         )
+        meter.create_observable_gauge(
+            "icesink.tables.held",
+            callbacks=[self._observe_held],
+            unit="{record}",
+            description="Records read whose changes a table holds, not yet committed "
+            "(commit.table_min_records/table_max_period), by icesink.table",
+        )
 
     def attrs(self, **extra: str) -> dict[str, str]:
         """The sink's attributes plus ``extra``; short keys (``op``, ``content``) get their full names."""
@@ -156,6 +165,17 @@ class SinkMetrics:
     def set_freshness(self, seconds: float) -> None:
         """The newest committed change is ``seconds`` old now (same as set_newest_committed(now - s))."""
         self.set_newest_committed(time.time() - seconds)
+
+    def set_held(self, held: dict[str, int]) -> None:
+        """Records held per table; a table that held records and holds none now is reported at 0."""
+        with self._lock:
+            self._held = {**dict.fromkeys(self._held, 0), **held}
+
+    def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            items = sorted(self._held.items())
+        for table, records in items:
+            yield Observation(records, self.attrs(table=table))
 
     def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

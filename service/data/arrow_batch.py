@@ -55,6 +55,7 @@ class ArrowBatchSpec:
     max_record_bytes: int
     schema_sections: bool = False  # events carry schema sections; hand them back for checking
     max_task_bytes: int = MAX_TASK_BYTES
+    hold: bool = False  # hand the rows back instead of writing files (the table's changes are held)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ArrowBatch:
     """The outcome of a batch written by :func:`run`."""
 
     files: list[DataFile] = field(default_factory=list)
+    rows: list[pa.Table] = field(default_factory=list)  # a held table's rows, partition by partition
     newest: datetime | None = None
     bytes: int = 0
     records: int = 0
@@ -171,12 +173,15 @@ def _process(spec: ArrowBatchSpec, table: pa.Table, target: str) -> Iterator[pa.
             rows = latest_per_key(rows, write.key)
         else:
             rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
-        data, deletes = write_files(write, rows.select([c.name for c in spec.columns] + [OP_COLUMN]))
+        rows = rows.select([c.name for c in spec.columns] + [OP_COLUMN])
+        data, deletes = ([], []) if spec.hold else write_files(write, rows)
     except Declined as exc:
         yield _row("declined", str(exc), target=target)
         return
     for f in data + deletes:
         yield _row("file", json.dumps(to_json(f)), target=target)
+    if spec.hold and rows.num_rows:
+        yield _row("rows", "", _ipc(rows), target=target)
     summary["records"] = decoded.records
     summary["by_op"] = decoded.by_op
     summary["schemas"] = decoded.schemas
@@ -267,7 +272,9 @@ def _outcome(
     if declined:
         _delete_quietly(spec.write, files)
         return declined[0]
-    result = ArrowBatch(files=files)
+    result = ArrowBatch(
+        files=files, rows=[pa.ipc.open_stream(r["blob"]).read_all() for r in rows if r["kind"] == "rows"]
+    )
     newest_us: int | None = None
     for summary, _ in summaries:
         for p in summary["positions"]:

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import TypeVar
@@ -271,6 +272,10 @@ class TablePipeline:
             on_failure=on_failure,
         )
 
+    def write_spec(self) -> WriteSpec:
+        """What a writer needs to write files into the table as it is now."""
+        return self._write_spec(self.catalog.load_table(self.identifier))
+
     def _write_spec(self, table: Table) -> WriteSpec:
         """What the tasks need to write this batch's files into ``table`` as it is now."""
         delete_spec_id = None
@@ -285,14 +290,16 @@ class TablePipeline:
             writer_properties=self.config.write.table_properties(),
         )
 
-    def arrow_spec(self, topics: list[str]) -> arrow_batch.TableSpec:
-        """What the Arrow path's tasks need to write this table's rows of a batch, as the table is now."""
+    def arrow_spec(self, topics: list[str], hold: bool = False) -> arrow_batch.TableSpec:
+        """What the Arrow path's tasks need to write this table's rows of a batch, as the table is now
+        (``hold``: to hand them back instead, service.pipeline.held)."""
         table = self.catalog.load_table(self.identifier)
         spec = arrow_batch.ArrowBatchSpec(
             write=self._write_spec(table),
             columns=self.schemas.columns,
             max_record_bytes=self.config.source.max_record_bytes,
             schema_sections=self.schemas.track,
+            hold=hold,
         )
         check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
         return arrow_batch.TableSpec(spec, topics, check_schemas)
@@ -389,32 +396,50 @@ class TablePipeline:
             self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
 
 
+@dataclass
+class ArrowTables:
+    """What one Arrow job did for a batch's tables: the tables it wrote, and the rows of those whose
+    changes are held (``hold``), with the write spec to write them with later; a declined table is in
+    neither (Spark's path takes it)."""
+
+    writes: dict[str, TableWrite] = field(default_factory=dict)
+    held: dict[str, tuple[arrow_batch.ArrowBatch, WriteSpec]] = field(default_factory=dict)
+
+
 def write_arrow_tables(
-    records: DataFrame, tables: dict[str, tuple[TablePipeline, list[str], Offsets]]
-) -> dict[str, TableWrite]:
+    records: DataFrame,
+    tables: dict[str, tuple[TablePipeline, list[str], Offsets]],
+    hold: frozenset[str] | set[str] = frozenset(),
+) -> ArrowTables:
     """Several tables' rows of one batch through the Arrow path in one Spark job (each task writes
-    its topic's rows into the topic's table); the tables it declined are left out of the result, for
-    Spark's path. The job is retried as a whole, as one table's would be."""
+    its topic's rows into the topic's table, or hands them back for the tables in ``hold``). The job
+    is retried as a whole, as one table's would be."""
     started = time.monotonic()
     first = next(iter(tables.values()))[0]
+    specs: dict[str, arrow_batch.TableSpec] = {}
 
     def attempt() -> dict[str, arrow_batch.ArrowBatch | str]:
-        specs = {name: pipeline.arrow_spec(topics) for name, (pipeline, topics, _) in tables.items()}
+        specs.clear()
+        for name, (pipeline, topics, _) in tables.items():
+            specs[name] = pipeline.arrow_spec(topics, hold=name in hold)
         specified = time.monotonic()
         outcomes = arrow_batch.run_tables(records, specs, first.config.write.parallelism)
         logger.debug(
-            "%d tables in one job: their specs (table metadata) %.2fs, the job %.2fs",
+            "%d tables in one job (%d held): their specs (table metadata) %.2fs, the job %.2fs",
             len(tables),
+            len(hold & set(tables)),
             specified - started,
             time.monotonic() - specified,
         )
         return outcomes
 
-    writes = {}
+    result = ArrowTables()
     for name, outcome in first._retrying(attempt).items():
         pipeline, _, offsets = tables[name]
         if isinstance(outcome, str):
             pipeline.declined(outcome)
+        elif name in hold:
+            result.held[name] = (outcome, specs[name].spec.write)
         else:
-            writes[name] = pipeline.arrow_written(outcome, offsets, started)
-    return writes
+            result.writes[name] = pipeline.arrow_written(outcome, offsets, started)
+    return result
