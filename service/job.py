@@ -552,8 +552,10 @@ class SinkJob:
             self.held.add(identifier, batch, {t: offsets[t] for t in topics if t in offsets}, now)
         specs = {identifier: spec for identifier, (_, spec) in done.held.items()}
         due = self.held.due(now)
-        if due:
-            logger.debug("held changes due: %d table(s); still held: %s", len(due), self.held.summary())
+        if due or done.held:
+            logger.debug(
+                "changes held (records) for %s; due now: %s", self.held.summary(), ", ".join(due) or "none"
+            )
         return self.held.write(
             due, lambda t: specs[t] if t in specs else self.routes.pipelines[t].write_spec()
         )
