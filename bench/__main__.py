@@ -113,7 +113,9 @@ class Bench:
         commits = [(b.committed_at, b.records) for b in run.batches]
         return {
             "throughput": {
-                **self._streamed(f"icesink {mode}", commits, run.wall_s, counted, mode == "upsert"),
+                **self._streamed(
+                    f"icesink {mode}", commits, run.wall_s, counted, mode == "upsert", run.stream_s
+                ),
                 "cpu_s": run.cpu_s,
                 "steady_cpu_s": run.steady_cpu_s,
                 "cpu_ms_per_event": (
@@ -131,9 +133,11 @@ class Bench:
             "memory": run.memory,
         }
 
-    def many_tables(self, concurrency: int) -> dict[str, Any]:
+    def many_tables(self, concurrency: int, held: int | None = None) -> dict[str, Any]:
         """The same events spread over ``--tables`` topics (a key stays in one topic), one table each,
-        through one sink (``table.identifier: <ns>.{topic}``), upsert, the same batch size."""
+        through one sink (``table.identifier: <ns>.{topic}``), upsert, the same batch size; with
+        ``held``, each table's changes are held until it has that many (``commit.table_min_records``,
+        ``table_max_period`` 30 s)."""
         n = self.args.tables
         if not hasattr(self, "many_topics"):
             prefix = unique("bench_many")
@@ -154,8 +158,13 @@ class Bench:
         config["kafka"].pop("topics")
         config["kafka"]["topic_pattern"] = pattern
         config["commit"]["concurrency"] = concurrency
+        if held is not None:
+            config["commit"] |= {"table_min_records": held, "table_max_period": "30s"}
         sink = Sink(self.stack, self.workdir, f"{name}_c{concurrency}", config)
-        log(f"icesink, {n} tables, commit.concurrency {concurrency}: {name} (log {sink.run.log_path})")
+        log(
+            f"icesink, {n} tables, commit.concurrency {concurrency}, table_min_records {held}: {name} "
+            f"(log {sink.run.log_path})"
+        )
         sink.start("--until-caught-up")
         run = sink.wait(timeout=3600)
         counted = None
@@ -164,8 +173,10 @@ class Bench:
         commits = [(b.committed_at, b.records) for b in run.batches]
         return {
             "throughput": {
-                **self._streamed(f"icesink {n} tables", commits, run.wall_s, counted, True),
+                **self._streamed(f"icesink {n} tables", commits, run.wall_s, counted, True, run.stream_s),
                 "tables": n,
+                "table_min_records": held,
+                "commits_per_table": len(commits),
                 "cpu_s": run.cpu_s,
                 "batch_s": figures.summarise([b.write_s + b.commit_s for b in run.batches]),
                 "write_s": figures.summarise([b.write_s for b in run.batches]),
@@ -203,7 +214,13 @@ class Bench:
         }
 
     def _streamed(
-        self, who: str, commits: list[tuple[float, int]], wall_s: float, counted: int | None, upsert: bool
+        self,
+        who: str,
+        commits: list[tuple[float, int]],
+        wall_s: float,
+        counted: int | None,
+        upsert: bool,
+        stream_s: float | None = None,
     ) -> dict[str, Any]:
         """Figures every streaming run has, after checking its table's row count against the model."""
         expected = len(self.workload.live) if upsert else self.workload.appended
@@ -217,6 +234,8 @@ class Bench:
             "events_per_s": rate,
             "mb_per_s": rate * self.value_bytes / 1e6 if rate else None,
             "cold_events_per_s": events / wall_s,
+            # from the stream's start to the last commit: the same measure for every icesink run
+            "stream_events_per_s": events / stream_s if stream_s else None,
             "wall_s": wall_s,
             "rows_checked": counted,
         }
@@ -410,6 +429,13 @@ class Bench:
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         elif part == "icesink-many":
             runs[f"icesink-{self.args.tables}-tables"] = self.many_tables(concurrency=8)
+            for held in self.args.held:
+                key = f"icesink-{self.args.tables}-tables@held{held}"
+                runs[key] = self.many_tables(concurrency=8, held=held)
+                runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
+                log(
+                    f"{key}: {runs[key]['throughput'].get('stream_events_per_s') or 0:,.0f} events/s (stream)"
+                )
             if self.args.many_serial:
                 key = f"icesink-{self.args.tables}-tables@c1"
                 runs[key] = self.many_tables(concurrency=1)
@@ -475,8 +501,8 @@ class Bench:
     def ratios(self) -> dict[str, str]:
         runs = self.results["runs"]
 
-        def rate(name: str) -> float | None:
-            return runs.get(name, {}).get("throughput", {}).get("events_per_s")
+        def rate(name: str, measure: str = "events_per_s") -> float | None:
+            return runs.get(name, {}).get("throughput", {}).get(measure)
 
         out = {}
         pairs = [
@@ -493,6 +519,17 @@ class Bench:
         for a, b, label in pairs:
             if rate(a) and rate(b):
                 out[label] = f"{rate(a) / rate(b):.2f}x"  # type: ignore[operator]
+        # Held tables commit in bursts: compared by the rate from the stream's start to the last commit.
+        one = rate("icesink-upsert", "stream_events_per_s")
+        for name in [
+            f"icesink-{self.args.tables}-tables",
+            *(f"icesink-{self.args.tables}-tables@held{h}" for h in self.args.held),
+        ]:
+            many = rate(name, "stream_events_per_s")
+            if one and many:
+                out[f"{name} vs icesink-upsert, stream start to last commit (target ≥ 0.5x)"] = (
+                    f"{many / one:.2f}x"
+                )
         fresh = runs.get("icesink-upsert", {}).get("freshness")
         if fresh and fresh["freshness_s"]["p99"] is not None:
             out["icesink freshness p99 / commit period (target ≤ 2)"] = (
@@ -516,6 +553,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, help="override the size's max_offsets_per_trigger")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--tables", type=int, default=100, help="tables (and topics) of the icesink-many part")
+    p.add_argument(
+        "--held",
+        type=int,
+        nargs="*",
+        default=[1000],
+        help="also run the many-tables part holding each table's changes until it has this many "
+        "(commit.table_min_records; one run per value, none with --held alone)",
+    )
     p.add_argument(
         "--many-serial",
         action="store_true",

@@ -52,6 +52,7 @@ class SinkRun:
     cpu_s: float = 0.0  # CPU seconds of the sink's process tree (driver, JVM, Python workers)
     steady_cpu_s: float | None = None  # between the end of the warm-up and the last commit
     steady_records: int = 0
+    stream_s: float | None = None  # from the stream's start (the "consuming" line) to the last commit
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:]
@@ -87,6 +88,25 @@ def sink_config(
         else:
             config[section] = values
     return config
+
+
+def stream_seconds(log: str, batches: list[Batch]) -> float | None:
+    """Seconds from the stream's start (the sink's ``consuming ...`` line) to the last commit.
+
+    Unlike the steady rate it needs no run of equal batches: a sink holding quiet tables' changes
+    (``commit.table_min_records``) commits them in bursts, or once at the end."""
+    if not batches:
+        return None
+    for line in log.splitlines():
+        if line.startswith("{") and '"consuming ' in line:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if str(entry.get("message", "")).startswith("consuming "):
+                started = datetime.fromisoformat(entry["time"]).timestamp()
+                return max(b.committed_at for b in batches) - started
+    return None
 
 
 def parse_batches(log: str) -> list[Batch]:
@@ -192,6 +212,7 @@ class Sink:
             self.run.steady_cpu_s = self.memory.cpu_between(first.committed_at, last.committed_at)
             self.run.steady_records = sum(b.records for b in self.run.batches[skip:])
         self.run.batches = self.batches()
+        self.run.stream_s = stream_seconds(self.run.log_path.read_text(errors="replace"), self.run.batches)
         if self.run.exit_code != 0:
             raise RuntimeError(f"icesink {self.run.name} exited {self.run.exit_code}:\n{self.run.log_tail()}")
         return self.run

@@ -34,6 +34,7 @@ PROMETHEUS = {
     "icesink.tables.isolated": "icesink_tables_isolated_total",
     "icesink.kafka.lag": "icesink_kafka_lag",
     "icesink.freshness": "icesink_freshness_seconds",
+    "icesink.tables.held": "icesink_tables_held",
 }
 
 
@@ -53,6 +54,7 @@ def exercise(m: SinkMetrics) -> None:
     m.tables_isolated.add(1, m.attrs(**{"error.type": "IncompatibleSchema"}))
     m.set_lag({("t", 0): 7, ("t", 1): 0})
     m.set_freshness(3.0)
+    m.set_held({"ns.t": 12})
 
 
 @pytest.fixture
@@ -93,6 +95,7 @@ def test_attributes_use_their_documented_names(collected: dict[str, object]) -> 
         ("t", "0"),
         ("t", "1"),
     }
+    assert [p.value for p in collected["icesink.tables.held"].data.data_points] == [12]  # type: ignore[attr-defined]
     for name in INSTRUMENTS:
         for a in attrs(name):
             assert a["icesink.sink_id"] == "s1" and a["icesink.table"] == "ns.t"
