@@ -38,10 +38,20 @@ def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": kafka.bootstrap_servers, "logger": CLIENT_LOGGER, **options, **extra}
 
 
+# Spark's tasks read bounded offset ranges, and the broker holds a fetch that finds no new data for
+# fetch.max.wait.ms (500 ms by default): a read of a partition paid it once or more, and a task that
+# reads many small partitions one after the other (a sink of many topics, whose partitions are
+# coalesced into few tasks) paid it for each. Measured: 100 one-partition topics, 30,000 records, read
+# in 2 tasks: 26 s with the default, 1.8 s with 10 ms. A bounded read has nothing to wait for;
+# ``kafka.options`` may still set it.
+SPARK_FETCH_MAX_WAIT_MS = "10"
+
+
 def spark_options(kafka: KafkaConfig) -> dict[str, str]:
     """Options for Spark's Kafka source: the client properties as ``kafka.<key>``, and the isolation level."""
     return {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "kafka.fetch.max.wait.ms": SPARK_FETCH_MAX_WAIT_MS,
         **{f"kafka.{k}": v for k, v in kafka.options.items()},
         "kafka.isolation.level": kafka.isolation_level,
     }
