@@ -265,7 +265,9 @@ class SinkJob:
             )
         query = writer.start()
         self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
-        lag_monitor = start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
+        lag_monitor = start_lag_monitor(
+            self.config, lambda: self.partitions, lambda: self.offsets, self.metrics
+        )
         logger.info("consuming %s from %s", self.config.kafka.topic_pattern or sorted(self.partitions), start)
         try:
             try:

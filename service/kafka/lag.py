@@ -8,7 +8,10 @@ the sink starts from the earliest offsets, and 0 when it starts from the latest.
 
 The job starts it once it is consuming::
 
-    start_lag_monitor(self.config, self.partitions, lambda: self.offsets, self.metrics)
+    start_lag_monitor(self.config, lambda: self.partitions, lambda: self.offsets, self.metrics)
+
+Both are read at every measurement: a topic the sink's pattern picks up while it runs is measured
+from then on.
 """
 
 from __future__ import annotations
@@ -41,13 +44,13 @@ class LagMonitor:
     def __init__(
         self,
         config: SinkConfig,
-        partitions: Mapping[str, list[int]],
+        partitions: Callable[[], Mapping[str, list[int]]],
         committed: Callable[[], Offsets],
         metrics: SinkMetrics,
         interval_s: float | None = None,
     ) -> None:
         self.config = config
-        self.partitions = {t: list(ps) for t, ps in partitions.items()}
+        self.partitions = partitions
         self.committed = committed
         self.metrics = metrics
         if interval_s is None:
@@ -61,7 +64,9 @@ class LagMonitor:
     def watermarks(self, timeout_s: float = 10.0) -> Watermarks:
         if self._consumer is None:
             self._consumer = source.consumer(self.config.kafka, "lag")
-        return source.watermarks(self._consumer, self.partitions, timeout_s)
+        return source.watermarks(
+            self._consumer, {t: list(ps) for t, ps in self.partitions().items()}, timeout_s
+        )
 
     def poll_once(self) -> dict[tuple[str, int], int]:
         """Measure and publish the lag once; returns it."""
@@ -99,7 +104,7 @@ class LagMonitor:
 
 def start_lag_monitor(
     config: SinkConfig,
-    partitions: Mapping[str, list[int]],
+    partitions: Callable[[], Mapping[str, list[int]]],
     committed: Callable[[], Offsets],
     metrics: SinkMetrics,
 ) -> LagMonitor:

@@ -190,8 +190,8 @@ def test_lag_monitor_polls_and_publishes() -> None:
             published.append(lag)
 
     offsets = {"a": {0: 4}}
-    monitor = Fake(config, {"a": [0]}, lambda: offsets, Sink(), interval_s=0.05)  # type: ignore[arg-type]
-    assert Fake(config, {"a": [0]}, lambda: offsets, Sink()).interval_s == 2.0  # type: ignore[arg-type]
+    monitor = Fake(config, lambda: {"a": [0]}, lambda: offsets, Sink(), interval_s=0.05)  # type: ignore[arg-type]
+    assert Fake(config, lambda: {"a": [0]}, lambda: offsets, Sink()).interval_s == 2.0  # type: ignore[arg-type]
     assert config.metrics.export_interval == timedelta(seconds=2)
     monitor.start()
     try:
@@ -201,6 +201,37 @@ def test_lag_monitor_polls_and_publishes() -> None:
     finally:
         monitor.stop()
     assert published[:3] == [{("a", 0): 6}, {("a", 0): 7}, {("a", 0): 8}]
+
+
+def test_lag_monitor_measures_a_topic_the_pattern_picked_up_later() -> None:
+    config = parse_config(
+        {
+            "sink_id": "s1",
+            "kafka": {"bootstrap_servers": "127.0.0.1:1", "topic_pattern": "shop\\..*"},
+            "table": {"identifier": "lake.{topic}", "key": ["id"]},
+            "catalog": {"type": "rest"},
+            "txnlog": {"dsn": "postgresql://x@h/db"},
+        },
+        env={},
+    )
+    asked: list[list[str]] = []
+
+    class Fake(LagMonitor):
+        def watermarks(self, timeout_s: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
+            parts = self.partitions()
+            asked.append(sorted(parts))
+            return {(t, p): (0, 5) for t, ps in parts.items() for p in ps}
+
+    class Sink:
+        def set_lag(self, lag: dict[tuple[str, int], int]) -> None:
+            pass
+
+    partitions = {"shop.a": [0]}
+    monitor = Fake(config, lambda: partitions, lambda: {}, Sink())  # type: ignore[arg-type]
+    assert monitor.poll_once() == {("shop.a", 0): 5}
+    partitions = {**partitions, "shop.b": [0, 1]}  # the job found a new topic
+    assert monitor.poll_once() == {("shop.a", 0): 5, ("shop.b", 0): 5, ("shop.b", 1): 5}
+    assert asked == [["shop.a"], ["shop.a", "shop.b"]]
 
 
 def test_health_endpoints() -> None:
