@@ -202,12 +202,13 @@ class TableConfig(_Section):
         default="fail",
         description="What to do with events whose schema can't be an evolution of the table's.",
     )
-    on_failure: Literal["stop", "dead_letter"] = Field(
+    on_failure: Literal["stop", "dead_letter", "pause"] = Field(
         default="stop",
         description="When the table itself fails (it can't be created or loaded, was dropped, refuses "
         "access, or its events' schema is incompatible under on_incompatible_schema: fail): stop the "
-        "sink; or dead_letter: isolate the table, its records go to the dead-letter topic until the "
-        "sink restarts, and the other tables keep landing.",
+        "sink; dead_letter: isolate the table, its records go to the dead-letter topic until the sink "
+        "restarts; pause: isolate the table, its topics' offsets stay at its last commit and its records "
+        "are read again when the sink restarts. Either way the other tables keep landing.",
     )
 
     @field_validator("identifier")
@@ -249,7 +250,7 @@ class TableOverride(_Section):
     create: bool | None = None
     schema_evolution: Literal["add_columns", "strict"] | None = None
     on_incompatible_schema: Literal["fail", "dead_letter"] | None = None
-    on_failure: Literal["stop", "dead_letter"] | None = None
+    on_failure: Literal["stop", "dead_letter", "pause"] | None = None
 
 
 class TxnLogConfig(_Section):

@@ -475,6 +475,8 @@ class SinkJob:
             for identifier, topics in touched.items():
                 if identifier in done.held:
                     continue
+                if identifier in self.routes.paused:  # its records stay in Kafka, its offsets behind
+                    continue
                 if identifier in self.routes.isolated:
                     self._dead_letter_table(identifier, self._records_of(records, topics))
                     continue
@@ -497,7 +499,8 @@ class SinkJob:
                     if not self.routes.may_isolate(identifier, exc):
                         raise
                     self.routes.isolate(identifier, exc)
-                    self._dead_letter_table(identifier, self._records_of(records, topics))
+                    if identifier in self.routes.isolated:
+                        self._dead_letter_table(identifier, self._records_of(records, topics))
                     continue
                 writes.append(write)
         finally:
@@ -580,12 +583,15 @@ class SinkJob:
         self.metrics.set_held(self.held.counts())
 
     def _sink_offsets(self, offsets: Offsets) -> Offsets:
-        """``offsets`` with the topics of the tables holding changes kept where they were committed."""
-        if self.held is None:
+        """``offsets`` with the topics of the tables holding changes, and of paused tables, kept where
+        they were committed: their records are read again after a restart."""
+        behind = self.routes.paused_topics()
+        if self.held is not None:
+            behind |= self.held.topics(self.routes.topics_of)
+        if not behind:
             return offsets
-        held = self.held.topics(self.routes.topics_of)
-        kept = {t: parts for t, parts in offsets.items() if t not in held}
-        return kept | {t: dict(self.offsets[t]) for t in held if t in self.offsets}
+        kept = {t: parts for t, parts in offsets.items() if t not in behind}
+        return kept | {t: dict(self.offsets[t]) for t in behind if t in self.offsets}
 
     def _dead_letter_table(self, identifier: str, records: DataFrame) -> None:
         """An isolated table's records of this batch, to the dead-letter topic with the reason."""
@@ -613,7 +619,7 @@ class SinkJob:
         Their offsets are done with; committing them keeps the lag at zero and spares the next start
         reading them again.
         """
-        offsets = merge_offsets(self.offsets, end)
+        offsets = self._sink_offsets(merge_offsets(self.offsets, end))
         if offsets == self.offsets:
             return
         now = time.monotonic()

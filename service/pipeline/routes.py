@@ -38,6 +38,7 @@ class Routes:
         self.tables: dict[str, str] = {}  # topic → table identifier
         self.pipelines: dict[str, TablePipeline] = {}
         self.isolated: dict[str, str] = {}  # table → why its records go to the dead-letter topic
+        self.paused: dict[str, str] = {}  # table → why its records are left in Kafka until a restart
 
     @property
     def many(self) -> bool:
@@ -61,7 +62,7 @@ class Routes:
                 found.setdefault(identifier, []).append(topic)
         opened = []
         for identifier, its_topics in sorted(found.items()):
-            if identifier not in self.pipelines and identifier not in self.isolated:
+            if identifier not in self.pipelines and not self.is_isolated(identifier):
                 settings = self.config.table_settings(identifier)
                 try:
                     self.pipelines[identifier] = TablePipeline.open(
@@ -100,16 +101,34 @@ class Routes:
     def may_isolate(self, identifier: str, exc: BaseException) -> bool:
         """Whether ``exc`` is the table's own failure and its settings say to isolate it."""
         settings = self.config.table_settings(identifier)
-        return settings.on_failure == "dead_letter" and isinstance(exc, TABLE_FAILURES)
+        return settings.on_failure != "stop" and isinstance(exc, TABLE_FAILURES)
+
+    def is_isolated(self, identifier: str) -> bool:
+        return identifier in self.isolated or identifier in self.paused
 
     def isolate(self, identifier: str, exc: BaseException) -> None:
-        """From now until the sink restarts, the table's records go to the dead-letter topic."""
+        """From now until the sink restarts, the table's records go to the dead-letter topic
+        (``on_failure: dead_letter``), or stay in Kafka behind the table's last committed offsets
+        (``pause``: the job commits its topics no further, :meth:`paused_topics`)."""
         reason = f"{type(exc).__name__}: {exc}"
-        self.isolated[identifier] = reason
+        action = self.config.table_settings(identifier).on_failure
+        (self.paused if action == "pause" else self.isolated)[identifier] = reason
         self.pipelines.pop(identifier, None)
         self.metrics.tables_isolated.add(
-            1, self.metrics.attrs(table=identifier, **{"error.type": type(exc).__name__})
+            1,
+            self.metrics.attrs(
+                table=identifier, **{"error.type": type(exc).__name__, "icesink.on_failure": action}
+            ),
         )
+        if action == "pause":
+            logger.error(
+                "table %s paused (table.on_failure: pause): %s; its topics %s stay at the offsets of its last "
+                "commit and are read again when the sink restarts, the other tables keep landing",
+                identifier,
+                reason,
+                ", ".join(self.topics_of(identifier)) or "(none routed yet)",
+            )
+            return
         logger.error(
             "table %s isolated (table.on_failure: dead_letter): %s; its records go to the dead-letter topic "
             "%s until the sink restarts, the other tables keep landing",
@@ -117,6 +136,10 @@ class Routes:
             reason,
             self.config.dead_letter_topic,
         )
+
+    def paused_topics(self) -> set[str]:
+        """The topics of paused tables: their committed offsets must not move."""
+        return {t for t, table in self.tables.items() if table in self.paused}
 
     def touched(self, end: Offsets, committed: Offsets) -> dict[str, list[str]]:
         """The tables whose topics moved past the committed offsets in a batch ending at ``end``

@@ -257,7 +257,7 @@ class TablePipeline:
         """
         attempts = self.config.commit.retries
         final: tuple[type[BaseException], ...] = (SchemaError, StopRequested, Declined)
-        if self.settings.on_failure == "dead_letter":  # isolate the table now rather than stall the others
+        if self.settings.on_failure != "stop":  # isolate the table now rather than stall the others
             final += TABLE_FAILURES
 
         def on_failure(attempt: int, exc: BaseException) -> None:

@@ -1,4 +1,4 @@
-"""One table's failure does not stall the others (``table.on_failure: dead_letter``).
+"""One table's failure does not stall the others (``table.on_failure: dead_letter`` or ``pause``).
 
 A sink of three tables; one table's events change a column's type incompatibly (string → int32)
 while the sink runs. That table is isolated: its records go to the dead-letter topic with the reason,
@@ -91,3 +91,62 @@ def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
         for h in headers
     )
     assert {h["icesink.source.topic"].decode() for h in headers} == {topics["products"]}
+
+
+def test_a_paused_table_keeps_its_records_in_kafka_until_the_sink_restarts(
+    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
+) -> None:
+    """``on_failure: pause``: the failing table's records are neither written nor dead-lettered, its
+    topic's committed offsets stay behind while the others land; restarted with the table fixed (here:
+    its incompatible events sent to the dead-letter topic instead), the sink reads them again."""
+    prefix, namespace = unique_name("db"), unique_name("lake")
+    topics = {name: f"{prefix}.{name}" for name in NAMES}
+    sink = make_sink(
+        kafka={"topics": list(topics.values())},
+        table={"identifier": f"{namespace}.{{source.table}}", "key": [], "on_failure": "pause"},
+    )
+    sources = {name: SampleSource(keys=50, seed=i, table=name) for i, name in enumerate(NAMES)}
+    for name in NAMES:
+        ensure_topic(sink.bootstrap, topics[name], 2)
+        produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+    landed_before = sources["products"].expected_rows()
+    products = f"{namespace}.products"
+
+    run = sink.start()
+    try:
+        run.wait_for_log(f"to {products}: snapshot", timeout=180)
+        bad = [_name_becomes_an_int(sources["products"].next_change()) for _ in range(20)]
+        produce(sink.bootstrap, topics["products"], bad)
+        for name in ["customers", "orders"]:
+            produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+        run.wait_for_log(f"table {products} paused", timeout=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = {t["table"]: t for t in json.loads(sink.cli("status").stdout)["tables"]}
+            if all(status[f"{namespace}.{n}"]["lag"] == 0 for n in ["customers", "orders"]):
+                break
+            time.sleep(2)
+        else:
+            raise AssertionError(f"the other tables did not catch up: {status}")
+        assert run.process.poll() is None, "the sink stopped: the paused table stalled the others"
+        assert status[products]["lag"] == 20  # the paused table's records wait in Kafka
+    finally:
+        run.kill()
+    log = run.log()
+    assert "IncompatibleSchema" in log.split(f"table {products} paused", 1)[1].splitlines()[0]
+    assert "dead-letter topic" not in log.split(f"table {products} paused", 1)[1].split("\n", 1)[1]
+    for name in ["customers", "orders"]:
+        assert_rows(spark, f"{namespace}.{name}", sources[name].expected_rows())
+    assert_rows(spark, products, landed_before)
+
+    # The operator's fix: this table's incompatible events go to the dead-letter topic.
+    sink.config["tables"] = {products: {"on_incompatible_schema": "dead_letter"}}
+    sink.run_until_caught_up()
+    letters = topic_records(
+        sink.bootstrap, sink.config["kafka"].get("dead_letter_topic") or f"{sink.name}.dlq", 20
+    )
+    assert len(letters) == 20  # read again from the paused table's offsets: none was skipped
+    assert {dict(m.headers() or [])["icesink.source.topic"].decode() for m in letters} == {topics["products"]}
+    for name in ["customers", "orders"]:
+        assert_rows(spark, f"{namespace}.{name}", sources[name].expected_rows())
+    assert_rows(spark, products, landed_before)
