@@ -66,12 +66,18 @@ def _check(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.orphans import delete_orphans, find_orphans
+    from service.orphans import delete_orphans, find_orphans, find_sink_orphans
 
-    report = find_orphans(config, args.older_than)
-    if args.delete:
+    if not config.table.is_template:
+        report = find_orphans(config, args.older_than)
+        if args.delete:
+            delete_orphans(config, report)
+        print(json.dumps(report.to_json(), indent=2))
+        return EXIT_OK
+    reports = find_sink_orphans(config, args.older_than)
+    for report in reports if args.delete else []:
         delete_orphans(config, report)
-    print(json.dumps(report.to_json(), indent=2))
+    print(json.dumps({"sink_id": config.sink_id, "tables": [r.to_json() for r in reports]}, indent=2))
     return EXIT_OK
 
 

@@ -479,15 +479,6 @@ class SinkConfig(_Section):
             )
         return self
 
-    def the_table(self, command: str) -> str:
-        """The sink's one table, for a command that works on one-table sinks only."""
-        if self.table.is_template:
-            raise ConfigError(
-                f"{command} works on a sink of one table; table.identifier {self.table.identifier!r} "
-                "is a template (a sink of many tables)"
-            )
-        return self.table.identifier
-
     def table_settings(self, identifier: str) -> TableConfig:
         """One table's settings: the ``table`` section with the identifier resolved and the table's
         ``tables`` entry applied (for a one-table sink, ``table_settings(table.identifier) == table``)."""

@@ -527,11 +527,9 @@ class SinkJob:
             return ArrowTables()
         hold = set()
         if self.held is not None:
-            hold = {
-                t
-                for t, (_, topics, _) in ready.items()
-                if self.held.to_hold(t, self._records_in(end, topics))
-            }
+            new_records = {t: self._records_in(end, topics) for t, (_, topics, _) in ready.items()}
+            self._commit_held(self.held.big_batches(new_records), "a batch big enough on its own")
+            hold = {t for t, n in new_records.items() if self.held.to_hold(t, n)}
         try:
             return write_arrow_tables(records, ready, hold)
         except TABLE_FAILURES as exc:  # one table's own failure: found again, table by table, below

@@ -1,10 +1,14 @@
-"""Who runs an operator command: the owner its claim and entries carry in the txnlog's history."""
+"""What operator commands share: who runs one (the owner its claim and entries carry in the txnlog's
+history), and which tables of the sink it works on."""
 
 from __future__ import annotations
 
 import getpass
 import os
 import socket
+from typing import Any
+
+from service.config import SinkConfig, template_fields
 
 
 def command_owner(command: str) -> str:
@@ -18,3 +22,17 @@ def command_owner(command: str) -> str:
     except (KeyError, OSError):
         user = str(os.getuid())
     return f"icesink {command} ({user}@{socket.gethostname()}:{os.getpid()})"
+
+
+def sink_tables(config: SinkConfig, catalog: Any, routes: dict[str, str]) -> list[str]:
+    """The sink's tables: its one table; or, for a sink of many tables, those ``routes`` (the log's
+    last plan: topic → table) name, the ``tables`` overrides, and every table of the template's
+    namespace when the template fixes it (``lake.{source.table}``: the tables in ``lake``)."""
+    if not config.table.is_template:
+        return [config.table.identifier]
+    names = set(routes.values()) | set(config.tables)
+    namespace, _, table = config.table.identifier.rpartition(".")
+    fixed = bool(namespace) and not template_fields(namespace) and bool(template_fields(table))
+    if fixed and catalog.namespace_exists(namespace):
+        names |= {".".join(t) for t in catalog.list_tables(namespace)}
+    return sorted(names)

@@ -160,13 +160,15 @@ def find_orphans(
     config: SinkConfig,
     older_than: timedelta = DEFAULT_OLDER_THAN,
     *,
+    identifier: str | None = None,
     catalog: Any = None,
     log: TransactionLog | None = None,
     now: datetime | None = None,
 ) -> OrphanReport:
+    """The orphans of one table: the sink's one table, or ``identifier`` (one of a sink of many)."""
     from service.iceberg.tables import open_catalog
 
-    identifier = config.the_table("icesink orphans")
+    identifier = identifier or config.table.identifier
     catalog = catalog or open_catalog(config)
     table = catalog.load_table(identifier)
     location = data_location(table)
@@ -203,9 +205,32 @@ def delete_orphans(config: SinkConfig, report: OrphanReport, *, catalog: Any = N
     from service.iceberg.tables import open_catalog
 
     catalog = catalog or open_catalog(config)
-    io = catalog.load_table(config.table.identifier).io
+    io = catalog.load_table(report.table).io
     for f in report.orphans:
         io.delete(f.path)
         report.deleted.append(f.path)
         logger.info("deleted orphan %s (%d bytes)", f.path, f.size)
     return report.deleted
+
+
+def find_sink_orphans(config: SinkConfig, older_than: timedelta = DEFAULT_OLDER_THAN) -> list[OrphanReport]:
+    """The orphans of every table of the sink (:func:`service.operator.sink_tables`), table by table."""
+    from service.channel.pending import BatchPlan
+    from service.iceberg.tables import open_catalog
+    from service.operator import sink_tables
+
+    catalog = open_catalog(config)
+    log = open_txnlog(config, "orphans")
+    try:
+        state = log.state(config.sink_id)
+        payload = state.committed_payload if state else None
+        routes = BatchPlan.from_payload(payload).routes if payload else {}
+        reports = []
+        for identifier in sink_tables(config, catalog, routes):
+            if catalog.table_exists(identifier):
+                reports.append(
+                    find_orphans(config, older_than, identifier=identifier, catalog=catalog, log=log)
+                )
+        return reports
+    finally:
+        log.close()

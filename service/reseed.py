@@ -1,4 +1,4 @@
-"""``icesink txnlog reseed``: move a txnlog that went back in time to the table's last commit.
+"""``icesink txnlog reseed``: move a txnlog that went back in time to the tables' last commits.
 
 The sink refuses to start when the table holds a commit of this sink with a seq the log never
 reached (:meth:`service.channel.committer.Committer.check_log_is_current`). The table knows what that
@@ -7,44 +7,69 @@ while the snapshot is kept, its summary. This command claims the sink (fencing a
 running), then records that commit as the log's committed plan: the sink resumes from the offsets the
 table covers, and its next plan takes the next seq. The history shows it as a ``commit`` entry whose
 payload says ``operation: reseed`` with the row as it was before.
+
+A sink of many tables is re-seeded from each of its tables' last commit: a table's commit records the
+offsets of its own topics (each topic lands in one table), so the sink resumes every topic from its
+table's last commit, and its next plan takes a seq above the highest of them. The tables are those
+the log's last plan routes to, the ``tables`` overrides, and the tables of the template's namespace
+(when the template fixes it, as ``lake.{source.table}`` does); a table holding no commit of the sink
+is left out, and its topics are read from the start.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from service.channel.marks import latest_mark
-from service.channel.pending import PendingCommit
+from pyiceberg.catalog import Catalog
+
+from service.channel.marks import Mark, latest_mark
+from service.channel.pending import BatchPlan, PendingCommit
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
-from service.model.offsets import offsets_to_json
-from service.operator import command_owner
+from service.model.offsets import Offsets, merge_offsets, offsets_to_json
+from service.operator import command_owner, sink_tables
 from service.txnlog_client import open_txnlog
 
 
 class NothingToReseed(RuntimeError):
-    """The log is not behind the table (or the table has no commit of the sink); nothing was changed."""
+    """The log is not behind the tables (or no table has a commit of the sink); nothing was changed."""
+
+
+def _marks(config: SinkConfig, catalog: Catalog, tables: list[str]) -> dict[str, Mark]:
+    marks = {}
+    for identifier in tables:
+        if not catalog.table_exists(identifier):
+            continue
+        mark = latest_mark(catalog.load_table(identifier), config.sink_id)
+        if mark is None:
+            continue
+        if not mark.offsets:
+            raise NothingToReseed(
+                f"sink {config.sink_id}'s last commit in {identifier} (seq {mark.seq}, per {mark.source}) "
+                "records no offsets to resume from"
+            )
+        marks[identifier] = mark
+    return marks
 
 
 def reseed(config: SinkConfig) -> dict[str, Any]:
-    """Re-seed the sink's row from the table; returns what was recorded (the command prints it)."""
-    identifier = config.the_table("icesink txnlog reseed")
-    table = open_catalog(config).load_table(identifier)
-    mark = latest_mark(table, config.sink_id)
-    if mark is None:
-        raise NothingToReseed(f"table {identifier} holds no commit of sink {config.sink_id}")
-    if not mark.offsets:
-        raise NothingToReseed(
-            f"sink {config.sink_id}'s last commit in {identifier} (seq {mark.seq}, per {mark.source}) "
-            "records no offsets to resume from"
-        )
+    """Re-seed the sink's row from its tables; returns what was recorded (the command prints it)."""
+    catalog = open_catalog(config)
     log = open_txnlog(config, "reseed")
     try:
         before = log.state(config.sink_id)
-        if before is not None and before.seq >= mark.seq:
+        routes = _routes(before.committed_payload if before else None)
+        tables = sink_tables(config, catalog, routes)
+        marks = _marks(config, catalog, tables)
+        if not marks:
+            raise NothingToReseed(
+                f"no table of sink {config.sink_id} holds a commit of it ({', '.join(tables)})"
+            )
+        seq = max(m.seq for m in marks.values())
+        if before is not None and before.seq >= seq:
             raise NothingToReseed(
                 f"the txnlog is not behind the table: its seq for sink {config.sink_id} is {before.seq}, "
-                f"the table's highest is {mark.seq}"
+                f"the table's highest is {seq}"
             )
         previous: dict[str, Any] = (
             {
@@ -59,22 +84,51 @@ def reseed(config: SinkConfig) -> dict[str, Any]:
             else {"row": "absent"}
         )
         lease = log.claim(config.sink_id, command_owner("txnlog reseed"))
-        plan = PendingCommit(table=identifier, offsets=mark.offsets, snapshot_id=mark.snapshot_id)
+        offsets: Offsets = {}
+        for mark in marks.values():
+            offsets = merge_offsets(offsets, mark.offsets)
+        if config.table.is_template:
+            payload = BatchPlan(
+                offsets, routes={t: table for table, m in marks.items() for t in m.offsets}
+            ).to_payload()
+            note: dict[str, Any] = {"tables": {t: m.source for t, m in marks.items()}, "previous": previous}
+        else:
+            ((identifier, mark),) = marks.items()
+            payload = PendingCommit(
+                table=identifier, offsets=mark.offsets, snapshot_id=mark.snapshot_id
+            ).to_payload()
+            note = {"table": identifier, "source": mark.source, "previous": previous}
         # reseed itself refuses a seq that is not ahead, should a replica have committed meanwhile.
-        log.reseed(
-            lease,
-            seq=mark.seq,
-            payload=plan.to_payload(),
-            note={"table": identifier, "source": mark.source, "previous": previous},
-        )
+        log.reseed(lease, seq=seq, payload=payload, note=note)
     finally:
         log.close()
+    if not config.table.is_template:
+        ((identifier, mark),) = marks.items()
+        return {
+            "sink_id": config.sink_id,
+            "table": identifier,
+            "seq": mark.seq,
+            "snapshot_id": mark.snapshot_id,
+            "offsets": offsets_to_json(mark.offsets),
+            "source": mark.source,
+            "previous": previous,
+        }
     return {
         "sink_id": config.sink_id,
-        "table": identifier,
-        "seq": mark.seq,
-        "snapshot_id": mark.snapshot_id,
-        "offsets": offsets_to_json(mark.offsets),
-        "source": mark.source,
+        "seq": seq,
+        "offsets": offsets_to_json(offsets),
+        "tables": {
+            t: {
+                "seq": m.seq,
+                "snapshot_id": m.snapshot_id,
+                "offsets": offsets_to_json(m.offsets),
+                "source": m.source,
+            }
+            for t, m in sorted(marks.items())
+        },
         "previous": previous,
     }
+
+
+def _routes(payload: dict[str, Any] | None) -> dict[str, str]:
+    return BatchPlan.from_payload(payload).routes if payload else {}

@@ -126,12 +126,19 @@ class HeldTables:
         return table in self._held and not self._held[table].empty
 
     def tables(self) -> list[str]:
-        return sorted(t for t in self._held if t in self)
+        # A copy first: the run loop asks between batches while a batch may be adding a table.
+        return sorted(t for t, held in list(self._held.items()) if not held.empty)
 
     def to_hold(self, table: str, new_records: int) -> bool:
         """Whether a batch's rows of ``table`` (``new_records`` Kafka records) are handed back to be held
-        rather than written by the tasks: the table holds rows already, or the batch alone is not due."""
-        return table in self or not self.cadence.due(new_records, 0.0)
+        rather than written by the tasks: the batch alone is not due (:meth:`big_batches` first)."""
+        return not self.cadence.due(new_records, 0.0)
+
+    def big_batches(self, new_records: dict[str, int]) -> list[str]:
+        """The tables holding rows whose batch (table → its Kafka records) is due on its own: their
+        held rows are committed first, so that the tasks write the batch rather than hand a large
+        share of it to this process."""
+        return [t for t, n in new_records.items() if t in self and self.cadence.due(n, 0.0)]
 
     def add(self, table: str, batch: ArrowBatch, offsets: Offsets, now: float) -> bool:
         """Hold a batch's rows of ``table``; whether the table is now due."""

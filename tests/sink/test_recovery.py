@@ -145,3 +145,72 @@ def test_txnlog_reseed_resumes_from_the_table(make_sink: Any, spark: SparkSessio
     sink.run_until_caught_up()
     assert_rows(spark, sink.table, appended_rows(sink.history))
     assert assert_seqs_increasing(_catalog(sink), sink.table, sink.name)[-1] > done["seq"]
+
+
+def test_txnlog_reseed_and_orphans_cover_every_table_of_a_sink_of_many(
+    make_sink: Any, unique_name: Any, spark: SparkSession, pg_dsn: str, rest_catalog: Any
+) -> None:
+    """A sink of two tables (one in append mode, where a re-read would duplicate) loses its row;
+    `icesink txnlog reseed` resumes each topic from its own table's last commit, and `icesink orphans`
+    lists (and deletes) a stray file under either table."""
+    from service.sample import SampleSource, ensure_topic, produce
+
+    prefix, namespace = unique_name("db"), unique_name("lake")
+    topics = {name: f"{prefix}.{name}" for name in ("orders", "events")}
+    sink: Sink = make_sink(
+        kafka={"topics": list(topics.values())},
+        table={"identifier": f"{namespace}.{{source.table}}", "key": []},
+        tables={f"{namespace}.events": {"mode": "append"}},
+    )
+    sources = {name: SampleSource(keys=40, seed=i, table=name) for i, name in enumerate(topics)}
+    history: dict[str, list[Any]] = {name: [] for name in topics}
+
+    def feed(n: int) -> None:
+        for name, topic in topics.items():
+            ensure_topic(sink.bootstrap, topic, 2)
+            changes = [sources[name].next_change() for _ in range(n)]
+            produce(sink.bootstrap, topic, changes)
+            history[name].extend(changes)
+
+    feed(150)
+    sink.run_until_caught_up()
+    changes = [sources["orders"].next_change() for _ in range(60)]  # one table only: their last
+    produce(sink.bootstrap, topics["orders"], changes)  # commits differ
+    history["orders"].extend(changes)
+    sink.run_until_caught_up()
+    marks = {
+        f"{namespace}.{n}": sink_snapshots(rest_catalog, f"{namespace}.{n}", sink.name)[-1] for n in topics
+    }
+    log = txnlog_of(sink, pg_dsn)
+    send_txnlog_back(pg_dsn, txnlog_schema(sink), sink.name, None)
+    refused = sink.start("--until-caught-up")
+    assert refused.wait() == 2, refused.log()[-4000:]
+
+    reseeded = sink.cli("txnlog", "reseed")
+    assert reseeded.returncode == 0, reseeded.stderr[-4000:]
+    done = json.loads(reseeded.stdout)
+    assert done["seq"] == max(int(m["icesink.seq"]) for m in marks.values())
+    assert set(done["tables"]) == set(marks)
+    for table, mark in marks.items():
+        assert done["tables"][table]["offsets"] == json.loads(mark["icesink.offsets"])
+        assert set(done["tables"][table]["offsets"]) == {topics[table.rsplit(".", 1)[1]]}
+    assert log.state(sink.name) is not None
+
+    feed(50)
+    sink.run_until_caught_up()
+    assert_rows(spark, f"{namespace}.orders", sources["orders"].expected_rows())
+    assert_rows(spark, f"{namespace}.events", appended_rows(history["events"]))  # nothing read twice
+
+    # A stray file under one table's data location is that table's orphan.
+    events = rest_catalog.load_table(f"{namespace}.events")
+    stray = f"{events.location_provider().data_path.rstrip('/')}/stray-file.parquet"
+    with events.io.new_output(stray).create() as out:
+        out.write(b"not a table file")
+    listed = sink.cli("orphans", "--older-than", "0s", "--delete")
+    assert listed.returncode == 0, listed.stderr[-4000:]
+    reports = {r["table"]: r for r in json.loads(listed.stdout)["tables"]}
+    assert set(reports) == set(marks)
+    assert [o["path"] for o in reports[f"{namespace}.events"]["orphans"]] == [stray]
+    assert reports[f"{namespace}.orders"]["orphans"] == [] and reports[f"{namespace}.events"]["deleted"] == 1
+    assert not events.io.new_input(stray).exists()
+    assert_rows(spark, f"{namespace}.events", appended_rows(history["events"]))

@@ -52,7 +52,7 @@ def test_a_table_is_due_by_count_or_by_the_age_of_its_oldest_change() -> None:
     assert tables.to_hold("lake.a", new_records=9)
     assert not tables.to_hold("lake.a", new_records=10)  # the batch alone is due: the tasks write it
     assert not tables.add("lake.a", _batch([1] * 4, ["x"] * 4, ["u"] * 4), {"a": {0: 4}}, now=100.0)
-    assert tables.to_hold("lake.a", new_records=50)  # it holds rows: the batch joins them
+    assert tables.big_batches({"lake.a": 50, "lake.b": 9}) == ["lake.a"]  # held rows land first
     assert not tables.add("lake.b", _batch([1], ["x"], ["u"]), {"b": {0: 1}}, now=110.0)
     assert tables.due(now=129.0) == []
     assert tables.due(now=130.0) == ["lake.a"]  # 30 s after its first held change
