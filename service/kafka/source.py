@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from service.config import KafkaConfig
@@ -194,17 +195,33 @@ def _key_fields(raw: bytes | None) -> list[str]:
 
 
 def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout_s: float = 10.0) -> Peek:
-    """Read the first records of ``topics`` until a change event with a schema section is found."""
+    """Read the first records of ``topics`` until a change event with a schema section is found.
+
+    The topics' partitions are assigned, not subscribed to: a subscription joins a consumer group,
+    which the broker holds for ``group.initial.rebalance.delay.ms`` (3 s by default) — per peek, and a
+    sink of many topics peeks at each. The read stops where each partition ends, rather than waiting
+    for records that may never come.
+    """
     client = consumer(kafka, "peek")
     found = Peek()
     try:
-        client.subscribe(topics)
+        metadata = client.list_topics(timeout=timeout_s)
+        parts = {t: sorted(metadata.topics[t].partitions) for t in topics if t in metadata.topics}
+        ends = {tp: high for tp, (low, high) in watermarks(client, parts, timeout_s).items() if high > low}
+        if not ends:
+            return found
+        client.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
         seen = 0
-        idle = 0
-        while seen < max_records and idle < 3:
-            messages = client.consume(num_messages=100, timeout=timeout_s / 3)
-            if not messages:
-                idle += 1
+        deadline = time.monotonic() + timeout_s
+        while ends and seen < max_records and time.monotonic() < deadline:
+            messages = client.consume(num_messages=100, timeout=0.5)
+            if not messages:  # past the last records (transaction markers take offsets too)?
+                done = client.position([TopicPartition(t, p) for t, p in ends])
+                ends = {
+                    (tp.topic, tp.partition): ends[(tp.topic, tp.partition)]
+                    for tp in done
+                    if tp.offset < ends[(tp.topic, tp.partition)]
+                }
                 continue
             for msg in messages:
                 seen += 1
@@ -228,6 +245,9 @@ def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout
                     found = Peek(found.schema, found.source, fields)
                 if isinstance(event.get("schema"), dict):
                     return Peek(event["schema"], found.source, found.key_fields)
+                where = (str(msg.topic()), int(msg.partition() or 0))
+                if int(msg.offset() or 0) + 1 >= ends.get(where, 0):
+                    ends.pop(where, None)
         return found
     finally:
         client.close()
