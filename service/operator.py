@@ -31,8 +31,19 @@ def sink_tables(config: SinkConfig, catalog: Any, routes: dict[str, str]) -> lis
     if not config.table.is_template:
         return [config.table.identifier]
     names = set(routes.values()) | set(config.tables)
-    namespace, _, table = config.table.identifier.rpartition(".")
+    namespace, table = _split(config.table.identifier)
     fixed = bool(namespace) and not template_fields(namespace) and bool(template_fields(table))
     if fixed and catalog.namespace_exists(namespace):
         names |= {".".join(t) for t in catalog.list_tables(namespace)}
     return sorted(names)
+
+
+def _split(identifier: str) -> tuple[str, str]:
+    """A template's namespace and table name: split at its last dot outside braces
+    (``lake.{source.table}`` → ``lake``, ``{source.table}``)."""
+    depth, cut = 0, -1
+    for i, char in enumerate(identifier):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "." and depth == 0:
+            cut = i
+    return (identifier[:cut], identifier[cut + 1 :]) if cut >= 0 else ("", identifier)

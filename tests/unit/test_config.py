@@ -187,3 +187,11 @@ def test_overrides_apply_to_their_table_only() -> None:
 def test_many_table_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(raw, env={})
+
+
+def test_a_templates_namespace_is_split_at_its_last_dot_outside_braces() -> None:
+    from service.operator import _split
+
+    assert _split("lake.{source.table}") == ("lake", "{source.table}")
+    assert _split("{source.schema}.{source.table}") == ("{source.schema}", "{source.table}")
+    assert _split("a.b.{topic}") == ("a.b", "{topic}")
