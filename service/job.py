@@ -550,18 +550,15 @@ class SinkJob:
         if self.held is None:
             return []
         now = time.monotonic()
-        for identifier, (batch, _) in done.held.items():
+        for identifier, batch in done.held.items():
             topics = self.routes.topics_of(identifier)
             self.held.add(identifier, batch, {t: offsets[t] for t in topics if t in offsets}, now)
-        specs = {identifier: spec for identifier, (_, spec) in done.held.items()}
         due = self.held.due(now)
         if due or done.held:
             logger.debug(
                 "changes held (records) for %s; due now: %s", self.held.summary(), ", ".join(due) or "none"
             )
-        return self.held.write(
-            due, lambda t: specs[t] if t in specs else self.routes.pipelines[t].write_spec()
-        )
+        return self.held.write(due, lambda t: self.routes.pipelines[t].write_spec())
 
     def _commit_held(self, tables: list[str], why: str) -> None:
         """Write and commit the held changes of ``tables`` as a plan of their own."""

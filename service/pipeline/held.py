@@ -156,10 +156,13 @@ class HeldTables:
         """Write the held rows of ``tables`` (at most ``concurrency`` at once) and stop holding them."""
         started = time.monotonic()
         held = [self._held.pop(t) for t in tables if t in self._held]
+        # The specs first, in this thread: ``spec_of`` asks the catalog, whose client is not shared
+        # between threads; the files are then written at once (pyarrow lets go of the GIL).
+        specs = {h.table: spec_of(h.table) for h in held}
         if len(held) <= 1:
-            return [h.write(spec_of(h.table), started) for h in held]
+            return [h.write(specs[h.table], started) for h in held]
         with ThreadPoolExecutor(min(self.concurrency, len(held)), "icesink-held") as pool:
-            return list(pool.map(lambda h: h.write(spec_of(h.table), started), held))
+            return list(pool.map(lambda h: h.write(specs[h.table], started), held))
 
     def topics(self, topics_of: Callable[[str], list[str]]) -> set[str]:
         """The topics whose offsets stay where they were last committed: those of the tables holding rows."""

@@ -167,6 +167,7 @@ class TablePipeline:
         self.catalog = catalog
         self.metrics = metrics
         self.schemas = schemas
+        self._last: Table | None = None  # the table as last loaded
 
     @classmethod
     def open(
@@ -274,7 +275,11 @@ class TablePipeline:
 
     def write_spec(self) -> WriteSpec:
         """What a writer needs to write files into the table as it is now."""
-        return self._write_spec(self.catalog.load_table(self.identifier))
+        return self._write_spec(self._load())
+
+    def _load(self) -> Table:
+        table = self._last = self.catalog.load_table(self.identifier)
+        return table
 
     def _write_spec(self, table: Table) -> WriteSpec:
         """What the tasks need to write this batch's files into ``table`` as it is now."""
@@ -292,8 +297,9 @@ class TablePipeline:
 
     def arrow_spec(self, topics: list[str], hold: bool = False) -> arrow_batch.TableSpec:
         """What the Arrow path's tasks need to write this table's rows of a batch, as the table is now
-        (``hold``: to hand them back instead, service.pipeline.held)."""
-        table = self.catalog.load_table(self.identifier)
+        (``hold``: to hand them back instead, service.pipeline.held; the tasks write nothing then, so
+        the table as last loaded serves, and the held rows are written later with a fresh load)."""
+        table = self._last if hold and self._last is not None else self._load()
         spec = arrow_batch.ArrowBatchSpec(
             write=self._write_spec(table),
             columns=self.schemas.columns,
@@ -399,11 +405,10 @@ class TablePipeline:
 @dataclass
 class ArrowTables:
     """What one Arrow job did for a batch's tables: the tables it wrote, and the rows of those whose
-    changes are held (``hold``), with the write spec to write them with later; a declined table is in
-    neither (Spark's path takes it)."""
+    changes are held (``hold``); a declined table is in neither (Spark's path takes it)."""
 
     writes: dict[str, TableWrite] = field(default_factory=dict)
-    held: dict[str, tuple[arrow_batch.ArrowBatch, WriteSpec]] = field(default_factory=dict)
+    held: dict[str, arrow_batch.ArrowBatch] = field(default_factory=dict)
 
 
 def write_arrow_tables(
@@ -439,7 +444,7 @@ def write_arrow_tables(
         if isinstance(outcome, str):
             pipeline.declined(outcome)
         elif name in hold:
-            result.held[name] = (outcome, specs[name].spec.write)
+            result.held[name] = outcome
         else:
             result.writes[name] = pipeline.arrow_written(outcome, offsets, started)
     return result
