@@ -38,6 +38,7 @@ from service.kafka.source import (
     SourceError,
     admin,
     batch_end_offsets,
+    earliest_offsets,
     end_offsets,
     partitions,
     spark_options,
@@ -97,6 +98,9 @@ class SinkJob:
         self.committer: Committer
         self.offsets: Offsets
         self._read: Offsets
+        # Topics the pattern matched while the sink ran: where Spark began reading them (the earliest
+        # offset then), in case their table holds changes or is paused before its first commit.
+        self._starts: Offsets = {}
 
     def request_stop(self) -> None:
         """Stop after the batch in flight (if any) is committed: SIGTERM's graceful path."""
@@ -357,6 +361,7 @@ class SinkJob:
             logger.info("new topic(s) %s: reading them from the earliest offset", new)
             self.partitions = partitions(self.config.kafka)
             self.topic_ids = {**self.topic_ids, **topic_ids(self._admin, new)}
+            self._starts |= earliest_offsets(self.config.kafka, {t: self.partitions.get(t, []) for t in new})
         self.process_batch(records, end)
         self._read = merge_offsets(self._read, end)
         if self.held is not None:
@@ -471,7 +476,7 @@ class SinkJob:
                 if arrow and self.routes.many
                 else ArrowTables()
             )
-            writes += self._hold(done, offsets)
+            writes += self._hold(done, offsets, touched)
             for identifier, topics in touched.items():
                 if identifier in done.held:
                     continue
@@ -481,7 +486,7 @@ class SinkJob:
                     self._dead_letter_table(identifier, self._records_of(records, topics))
                     continue
                 pipeline = self.routes.pipelines[identifier]
-                mine = {t: offsets[t] for t in topics if t in offsets} if self.routes.many else offsets
+                mine = self._offsets_of(identifier, offsets) if self.routes.many else offsets
                 if self.held is not None and identifier in self.held and identifier not in done.writes:
                     # Spark's path writes this batch: the changes held from earlier ones land first. Not
                     # under the isolation below: held rows that fail to land stop the sink, and the
@@ -519,7 +524,7 @@ class SinkJob:
         held, decoded) in one Spark job; the others (and any it declined) are left to Spark's path,
         table by table."""
         ready = {
-            identifier: (pipeline, topics, {t: offsets[t] for t in topics if t in offsets})
+            identifier: (pipeline, topics, self._offsets_of(identifier, offsets))
             for identifier, topics in touched.items()
             if (pipeline := self.routes.pipelines.get(identifier)) is not None and pipeline.arrow_ready()
         }
@@ -544,21 +549,29 @@ class SinkJob:
             max(0, o - self._read.get(t, {}).get(p, 0)) for t in topics for p, o in end.get(t, {}).items()
         )
 
-    def _hold(self, done: ArrowTables, offsets: Offsets) -> list[TableWrite]:
+    def _hold(self, done: ArrowTables, offsets: Offsets, touched: dict[str, list[str]]) -> list[TableWrite]:
         """Hold the batch's rows of the tables whose changes are held; write those now due (by their
-        count, or by the age of their oldest held change, whether this batch touched them or not)."""
+        count, or by the age of their oldest held change, whether this batch touched them or not).
+
+        A table this batch touched whose rows it did not hold (declined, or not for the Arrow path) is
+        left alone here: its batch takes Spark's path, and its held rows are committed first, as a plan
+        of their own (``_write_and_commit``), never beside that batch's files in one plan."""
         if self.held is None:
             return []
         now = time.monotonic()
         for identifier, batch in done.held.items():
-            topics = self.routes.topics_of(identifier)
-            self.held.add(identifier, batch, {t: offsets[t] for t in topics if t in offsets}, now)
-        due = self.held.due(now)
+            self.held.add(identifier, batch, self._offsets_of(identifier, offsets), now)
+        due = [t for t in self.held.due(now) if t in done.held or t not in touched]
         if due or done.held:
             logger.debug(
                 "changes held (records) for %s; due now: %s", self.held.summary(), ", ".join(due) or "none"
             )
         return self.held.write(due, lambda t: self.routes.pipelines[t].write_spec())
+
+    def _offsets_of(self, identifier: str, offsets: Offsets) -> Offsets:
+        """``offsets`` of every topic that lands in the table (those the batch did not move too: a
+        table's last commit then says where each of its topics stands, which reseed relies on)."""
+        return {t: offsets[t] for t in self.routes.topics_of(identifier) if t in offsets}
 
     def _commit_held(self, tables: list[str], why: str) -> None:
         """Write and commit the held changes of ``tables`` as a plan of their own."""
@@ -586,7 +599,10 @@ class SinkJob:
         if not behind:
             return offsets
         kept = {t: parts for t, parts in offsets.items() if t not in behind}
-        return kept | {t: dict(self.offsets[t]) for t in behind if t in self.offsets}
+        # A topic never committed yet is recorded where the sink began reading it: left out, a restart
+        # under `starting_offsets: latest` would take it to be new and skip what the sink had read.
+        committed = {t: self.offsets.get(t) or self._starts.get(t) for t in behind}
+        return kept | {t: dict(parts) for t, parts in committed.items() if parts}
 
     def _dead_letter_table(self, identifier: str, records: DataFrame) -> None:
         """An isolated table's records of this batch, to the dead-letter topic with the reason."""

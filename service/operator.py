@@ -8,6 +8,7 @@ import os
 import socket
 from typing import Any
 
+from service.channel.marks import latest_mark
 from service.config import SinkConfig, template_fields
 
 
@@ -26,15 +27,18 @@ def command_owner(command: str) -> str:
 
 def sink_tables(config: SinkConfig, catalog: Any, routes: dict[str, str]) -> list[str]:
     """The sink's tables: its one table; or, for a sink of many tables, those ``routes`` (the log's
-    last plan: topic → table) name, the ``tables`` overrides, and every table of the template's
-    namespace when the template fixes it (``lake.{source.table}``: the tables in ``lake``)."""
+    last plan: topic → table) name, the ``tables`` overrides, and the tables of the template's
+    namespace when the template fixes it (``lake.{source.table}``: the tables in ``lake``) that hold a
+    commit of this sink: other writers' tables in that namespace are not the sink's."""
     if not config.table.is_template:
         return [config.table.identifier]
     names = set(routes.values()) | set(config.tables)
     namespace, table = _split(config.table.identifier)
     fixed = bool(namespace) and not template_fields(namespace) and bool(template_fields(table))
     if fixed and catalog.namespace_exists(namespace):
-        names |= {".".join(t) for t in catalog.list_tables(namespace)}
+        for found in (".".join(t) for t in catalog.list_tables(namespace)):
+            if found not in names and latest_mark(catalog.load_table(found), config.sink_id) is not None:
+                names.add(found)
     return sorted(names)
 
 

@@ -12,8 +12,9 @@ A sink of many tables is re-seeded from each of its tables' last commit: a table
 offsets of its own topics (each topic lands in one table), so the sink resumes every topic from its
 table's last commit, and its next plan takes a seq above the highest of them. The tables are those
 the log's last plan routes to, the ``tables`` overrides, and the tables of the template's namespace
-(when the template fixes it, as ``lake.{source.table}`` does); a table holding no commit of the sink
-is left out, and its topics are read from the start.
+(when the template fixes it, as ``lake.{source.table}`` does) that hold a commit of the sink. A topic
+no table's commit names keeps the row's offsets (behind the tables', or the row would not need this),
+or is read from the start when the row is gone.
 """
 
 from __future__ import annotations
@@ -84,7 +85,13 @@ def reseed(config: SinkConfig) -> dict[str, Any]:
             else {"row": "absent"}
         )
         lease = log.claim(config.sink_id, command_owner("txnlog reseed"))
-        offsets: Offsets = {}
+        # The row's own offsets (behind the tables, or it would not need a re-seed) under the tables':
+        # a topic no table's commit names (its table never committed, or isolated) keeps the row's.
+        offsets: Offsets = (
+            BatchPlan.from_payload(before.committed_payload).offsets
+            if before and before.committed_payload
+            else {}
+        )
         for mark in marks.values():
             offsets = merge_offsets(offsets, mark.offsets)
         if config.table.is_template:

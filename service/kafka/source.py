@@ -133,14 +133,24 @@ def watermarks(client: Consumer, parts: Mapping[str, list[int]], timeout_s: floa
 
 
 def end_offsets(kafka: KafkaConfig, parts: Mapping[str, list[int]], timeout_s: float = 15.0) -> Offsets:
+    """Where each partition ends (the last stable offset under read_committed)."""
+    return _offsets(kafka, parts, timeout_s, end=True)
+
+
+def earliest_offsets(kafka: KafkaConfig, parts: Mapping[str, list[int]], timeout_s: float = 15.0) -> Offsets:
+    """The first offset each partition still holds."""
+    return _offsets(kafka, parts, timeout_s, end=False)
+
+
+def _offsets(kafka: KafkaConfig, parts: Mapping[str, list[int]], timeout_s: float, end: bool) -> Offsets:
     client = consumer(kafka)
     try:
         marks = watermarks(client, parts, timeout_s)
     finally:
         client.close()
     result: Offsets = {}
-    for (topic, p), (_, high) in marks.items():
-        result.setdefault(topic, {})[p] = high
+    for (topic, p), (low, high) in marks.items():
+        result.setdefault(topic, {})[p] = high if end else low
     return result
 
 

@@ -125,9 +125,13 @@ class HeldTables:
     def __contains__(self, table: str) -> bool:
         return table in self._held and not self._held[table].empty
 
+    def _holding(self) -> list[tuple[str, HeldChanges]]:
+        # A copy first: the run loop asks between batches, outside the batch lock, while a batch may
+        # be adding or writing a table.
+        return sorted(((t, h) for t, h in list(self._held.items()) if not h.empty), key=lambda item: item[0])
+
     def tables(self) -> list[str]:
-        # A copy first: the run loop asks between batches while a batch may be adding a table.
-        return sorted(t for t, held in list(self._held.items()) if not held.empty)
+        return [t for t, _ in self._holding()]
 
     def to_hold(self, table: str, new_records: int) -> bool:
         """Whether a batch's rows of ``table`` (``new_records`` Kafka records) are handed back to be held
@@ -150,7 +154,7 @@ class HeldTables:
         return self.cadence.due(held.records, held.age(now))
 
     def due(self, now: float) -> list[str]:
-        return [t for t in self.tables() if self.cadence.due(self._held[t].records, self._held[t].age(now))]
+        return [t for t, held in self._holding() if self.cadence.due(held.records, held.age(now))]
 
     def write(self, tables: list[str], spec_of: Callable[[str], WriteSpec]) -> list[TableWrite]:
         """Write the held rows of ``tables`` (at most ``concurrency`` at once) and stop holding them."""
@@ -170,7 +174,7 @@ class HeldTables:
 
     def counts(self) -> dict[str, int]:
         """Records held per table."""
-        return {t: self._held[t].records for t in self.tables()}
+        return {t: held.records for t, held in self._holding()}
 
     def summary(self) -> str:
-        return ", ".join(f"{t} ({self._held[t].records})" for t in self.tables()) or "none"
+        return ", ".join(f"{t} ({held.records})" for t, held in self._holding()) or "none"
