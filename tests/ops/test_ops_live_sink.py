@@ -380,7 +380,11 @@ log:
     assert otlp.exports, "no OTLP export received"
     assert set(otlp.paths) == {"/v1/metrics"}
     assert any(r.get("service.name") == "icesink" for r in otlp.resources)
+    # icesink.tables.held is a sink of many tables holding changes (commit.table_min_records); its
+    # export is checked in test_ops_observability.py.
     for name, (_kind, unit) in INSTRUMENTS.items():
+        if name == "icesink.tables.held":
+            continue
         metric = otlp.last(name)
         assert metric is not None, f"{name} never exported over OTLP"
         assert metric.unit == unit, (name, metric.unit)
