@@ -39,7 +39,8 @@ def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
 
 
 def catalog_retries(config: SinkConfig, what: str, call: Callable[[], T]) -> T:
-    """Run a start-up step that talks to the catalog, again after an answer that may pass.
+    """Run a step that talks to the catalog (start-up's, or the load before held rows are written),
+    again after an answer that may pass.
 
     A catalog whose database connection was just reset answers a 500 once, a busy one a 429: start-up
     waits and tries again (``commit.retries`` attempts, backoff 0.5 s doubling to 10 s) instead of

@@ -274,8 +274,11 @@ class TablePipeline:
         )
 
     def write_spec(self) -> WriteSpec:
-        """What a writer needs to write files into the table as it is now."""
-        return self._write_spec(self._load())
+        """What a writer needs to write files into the table as it is now (held rows, written outside
+        a batch's retried job: a catalog answer that may pass is retried here)."""
+        return self._write_spec(
+            catalog_retries(self.config, f"loading the table {self.identifier}", self._load)
+        )
 
     def _load(self) -> Table:
         table = self._last = self.catalog.load_table(self.identifier)
