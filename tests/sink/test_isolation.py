@@ -40,19 +40,27 @@ def _landed(catalog: Catalog, table: str) -> int:
     return int(snapshot.summary.additional_properties.get("total-records", -1)) if snapshot else -1
 
 
-def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
-    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
-) -> None:
+def _three_tables(
+    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], on_failure: str
+) -> tuple[Sink, str, dict[str, str], dict[str, SampleSource]]:
+    """A sink of the three tables, 100 changes in each topic already: (sink, namespace, topics, sources)."""
     prefix, namespace = unique_name("db"), unique_name("lake")
     topics = {name: f"{prefix}.{name}" for name in NAMES}
     sink = make_sink(
         kafka={"topics": list(topics.values())},
-        table={"identifier": f"{namespace}.{{source.table}}", "key": [], "on_failure": "dead_letter"},
+        table={"identifier": f"{namespace}.{{source.table}}", "key": [], "on_failure": on_failure},
     )
     sources = {name: SampleSource(keys=50, seed=i, table=name) for i, name in enumerate(NAMES)}
     for name in NAMES:
         ensure_topic(sink.bootstrap, topics[name], 2)
         produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+    return sink, namespace, topics, sources
+
+
+def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
+    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
+) -> None:
+    sink, namespace, topics, sources = _three_tables(make_sink, unique_name, "dead_letter")
     landed_before = {name: sources[name].expected_rows() for name in NAMES}
 
     run = sink.start()
@@ -99,16 +107,7 @@ def test_a_paused_table_keeps_its_records_in_kafka_until_the_sink_restarts(
     """``on_failure: pause``: the failing table's records are neither written nor dead-lettered, its
     topic's committed offsets stay behind while the others land; restarted with the table fixed (here:
     its incompatible events sent to the dead-letter topic instead), the sink reads them again."""
-    prefix, namespace = unique_name("db"), unique_name("lake")
-    topics = {name: f"{prefix}.{name}" for name in NAMES}
-    sink = make_sink(
-        kafka={"topics": list(topics.values())},
-        table={"identifier": f"{namespace}.{{source.table}}", "key": [], "on_failure": "pause"},
-    )
-    sources = {name: SampleSource(keys=50, seed=i, table=name) for i, name in enumerate(NAMES)}
-    for name in NAMES:
-        ensure_topic(sink.bootstrap, topics[name], 2)
-        produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+    sink, namespace, topics, sources = _three_tables(make_sink, unique_name, "pause")
     landed_before = sources["products"].expected_rows()
     products = f"{namespace}.products"
 
