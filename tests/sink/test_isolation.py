@@ -57,6 +57,14 @@ def _three_tables(
     return sink, namespace, topics, sources
 
 
+def _products_turn_incompatible(sink: Sink, topics: dict[str, str], sources: dict[str, SampleSource]) -> None:
+    """products' source table changes a column's type (20 changes); the other tables go on changing."""
+    bad = [_name_becomes_an_int(sources["products"].next_change()) for _ in range(20)]
+    produce(sink.bootstrap, topics["products"], bad)
+    for name in ["customers", "orders"]:
+        produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+
+
 def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
     make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
 ) -> None:
@@ -66,11 +74,7 @@ def test_a_table_with_an_incompatible_schema_is_isolated_while_the_others_land(
     run = sink.start()
     try:
         run.wait_for_log(f"to {namespace}.products: snapshot", timeout=180)
-        # products' source table changes a column's type; the other tables go on changing.
-        bad = [_name_becomes_an_int(sources["products"].next_change()) for _ in range(20)]
-        produce(sink.bootstrap, topics["products"], bad)
-        for name in ["customers", "orders"]:
-            produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+        _products_turn_incompatible(sink, topics, sources)
         run.wait_for_log(f"table {namespace}.products isolated", timeout=120)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -114,10 +118,7 @@ def test_a_paused_table_keeps_its_records_in_kafka_until_the_sink_restarts(
     run = sink.start()
     try:
         run.wait_for_log(f"to {products}: snapshot", timeout=180)
-        bad = [_name_becomes_an_int(sources["products"].next_change()) for _ in range(20)]
-        produce(sink.bootstrap, topics["products"], bad)
-        for name in ["customers", "orders"]:
-            produce(sink.bootstrap, topics[name], [sources[name].next_change() for _ in range(100)])
+        _products_turn_incompatible(sink, topics, sources)
         run.wait_for_log(f"table {products} paused", timeout=120)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
