@@ -81,6 +81,12 @@ def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _maintain(config: SinkConfig, args: argparse.Namespace) -> int:
+    from service.maintenance.command import maintain
+
+    return maintain(config, once=args.once)
+
+
 def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.reseed import NothingToReseed, reseed
     from txnlog import InvalidPhase
@@ -130,6 +136,7 @@ COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "status": _status,
     "check": _check,
     "orphans": _orphans,
+    "maintain": _maintain,
     "txnlog reseed": _txnlog_reseed,
     "txnlog abandon": _txnlog_abandon,
     "offsets reset": _offsets_reset,
@@ -162,6 +169,16 @@ def parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="only files older than this (default 1h): younger ones may belong to a batch in flight",
     )
+    maintain = sub.add_parser(
+        "maintain",
+        help="keep the sink's tables healthy: compaction, snapshot expiry, manifest and orphan clean-up, "
+        "each table under a maintenance lease in the txnlog; runs a pass every maintenance.interval",
+    )
+    maintain.add_argument(
+        "--once",
+        action="store_true",
+        help="one pass running every task that has anything to do (all deletes applied), then exit",
+    )
     txnlog = sub.add_parser("txnlog", help="operator commands on the sink's transaction log").add_subparsers(
         dest="txnlog_command", required=True
     )
@@ -192,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
     reset.add_argument("--topic", help="reset this topic's partitions, whatever their state")
     reset.add_argument("--partition", type=int, help="only this partition of --topic")
     leaves = [
-        *(sub.choices[n] for n in ("run", "status", "check", "orphans")),
+        *(sub.choices[n] for n in ("run", "status", "check", "orphans", "maintain")),
         *txnlog.choices.values(),
         reset,
     ]

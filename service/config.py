@@ -379,6 +379,110 @@ class LogConfig(_Section):
     format: Literal["text", "json"] = "text"
 
 
+class CompactionConfig(_Section):
+    """When and how a table's data files are rewritten with their deletes applied (Spark's
+    ``rewrite_data_files``). A table is due when any threshold is reached; ``icesink maintain --once``
+    compacts every table that holds a delete file or small files, whatever the thresholds."""
+
+    enabled: bool = True
+    delete_files: int = Field(
+        default=20, ge=1, description="Compact once a table holds this many delete files."
+    )
+    commits: int = Field(
+        default=200,
+        ge=1,
+        description="Compact once this many snapshots were added since the last compaction.",
+    )
+    max_age: timedelta | None = Field(
+        default=timedelta(hours=1),
+        description="Compact a table holding any delete file once its last compaction is this old.",
+    )
+    target_file_size: int | None = Field(
+        default=None,
+        description="Size of the rewritten files; default: the table's write.target-file-size-bytes.",
+    )
+    max_concurrent_groups: int = Field(default=1, ge=1, description="File groups Spark rewrites at once.")
+
+    @field_validator("target_file_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @field_validator("max_age", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta | None:
+        return None if value is None else parse_duration(value)
+
+
+class ExpiryConfig(_Section):
+    """Snapshot expiry (Spark's ``expire_snapshots``): a snapshot goes when it is older than
+    ``older_than`` and not among the ``retain_last`` newest; the current one always stays."""
+
+    enabled: bool = True
+    older_than: timedelta = timedelta(days=1)
+    retain_last: int = Field(default=100, ge=1)
+
+    @field_validator("older_than", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+
+class OrphanConfig(_Section):
+    """Orphan removal: files under the table's location that no snapshot and no txnlog plan names."""
+
+    enabled: bool = True
+    older_than: timedelta = Field(
+        default=timedelta(days=1),
+        description="Safety age: a younger file may belong to a batch or a commit in flight.",
+    )
+    interval: timedelta = Field(default=timedelta(hours=6), description="How often orphans are looked for.")
+
+    @field_validator("older_than", "interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+    @field_validator("older_than")
+    @classmethod
+    def _not_too_young(cls, value: timedelta) -> timedelta:
+        if value < timedelta(minutes=10):
+            raise ValueError(
+                "must be at least 10m: a younger file may be one a batch has written and not yet "
+                "precommitted, or a manifest of a commit in flight"
+            )
+        return value
+
+
+class MaintenanceConfig(_Section):
+    """``icesink maintain``: table health work for every table of the sink (docs/operations.md)."""
+
+    interval: timedelta = Field(
+        default=timedelta(minutes=5), description="How often `icesink maintain` looks at every table."
+    )
+    compaction: CompactionConfig = CompactionConfig()
+    expiry: ExpiryConfig = ExpiryConfig()
+    orphans: OrphanConfig = OrphanConfig()
+    max_manifests: int = Field(
+        default=100, ge=2, description="Rewrite a table's manifests when its current snapshot has more."
+    )
+    metadata_versions: int = Field(
+        default=20,
+        ge=1,
+        description="write.metadata.previous-versions-max of the tables icesink creates (old metadata "
+        "files beyond it are deleted at each commit).",
+    )
+    spark_catalog: dict[str, str] = Field(
+        default_factory=dict,
+        description="Spark Iceberg catalog properties added to (or replacing) those derived from `catalog`.",
+    )
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> timedelta:
+        return parse_duration(value)
+
+
 class SinkConfig(_Section):
     sink_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     kafka: KafkaConfig
@@ -397,6 +501,7 @@ class SinkConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
     health: HealthConfig = HealthConfig()
     log: LogConfig = LogConfig()
+    maintenance: MaintenanceConfig = MaintenanceConfig()
 
     @field_validator("catalog", mode="before")
     @classmethod

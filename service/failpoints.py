@@ -21,6 +21,8 @@ POINTS = (
     "during_catalog_commit",
     "after_catalog_commit",
     "after_log_commit",
+    "maintenance_before_task",  # icesink maintain: before a task's precommit (the lease row unlocked)
+    "maintenance_during_task",  # icesink maintain: inside a task, its lease row locked, before its procedure
 )
 ENV = "ICESINK_FAILPOINTS"
 KILL_EXIT_CODE = 137

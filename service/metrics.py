@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics
@@ -22,6 +23,10 @@ from opentelemetry.sdk.resources import Resource
 
 from service.config import MetricsConfig
 
+if TYPE_CHECKING:
+    from service.maintenance.health import TableHealth
+    from service.maintenance.tasks import TaskResult
+
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 # Short attribute keys accepted by SinkMetrics.attrs() and the names they are exported under.
@@ -29,6 +34,7 @@ ATTRIBUTE_NAMES = {
     "op": "icesink.op",  # Debezium op code of a change record: c, u, d, r
     "content": "icesink.file.content",  # Iceberg file content: data, delete
     "table": "icesink.table",  # the table a commit went to (a sink of many tables)
+    "task": "icesink.maintenance.task",  # compact, expire_snapshots, rewrite_manifests, remove_orphans, ...
 }
 
 # Every instrument: name -> (kind, unit). tests/ops checks the docs and the exporters against it.
@@ -48,6 +54,14 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "icesink.kafka.lag": ("gauge", "{record}"),
     "icesink.freshness": ("gauge", "s"),
     "icesink.tables.held": ("gauge", "{record}"),
+    "icesink.maintenance.duration": ("histogram", "s"),
+    "icesink.maintenance.files": ("counter", "{file}"),
+    "icesink.maintenance.rewritten": ("counter", "By"),
+    "icesink.maintenance.snapshots_expired": ("counter", "{snapshot}"),
+    "icesink.maintenance.failures": ("counter", "{failure}"),
+    "icesink.table.files": ("gauge", "{file}"),
+    "icesink.table.snapshots": ("gauge", "{snapshot}"),
+    "icesink.table.metadata.size": ("gauge", "By"),
 }
 
 
@@ -144,6 +158,49 @@ class SinkMetrics:
             "(commit.table_min_records/table_max_period), by icesink.table",
         )
 
+        self._health: dict[str, TableHealth] = {}
+        self.maintenance_duration = meter.create_histogram(
+            "icesink.maintenance.duration",
+            unit="s",
+            description="Time of one maintenance task on one table, by icesink.maintenance.task",
+            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+        )
+        self.maintenance_files = meter.create_counter(
+            "icesink.maintenance.files",
+            unit="{file}",
+            description="Files maintenance rewrote, added or removed, by icesink.maintenance.task and "
+            "icesink.maintenance.action",
+        )
+        self.maintenance_rewritten = meter.create_counter(
+            "icesink.maintenance.rewritten", unit="By", description="Bytes of files maintenance rewrote"
+        )
+        self.snapshots_expired = meter.create_counter(
+            "icesink.maintenance.snapshots_expired", unit="{snapshot}", description="Snapshots expired"
+        )
+        self.maintenance_failures = meter.create_counter(
+            "icesink.maintenance.failures",
+            unit="{failure}",
+            description="Maintenance tasks that failed, by icesink.maintenance.task and error.type",
+        )
+        meter.create_observable_gauge(
+            "icesink.table.files",
+            callbacks=[self._observe_files],
+            unit="{file}",
+            description="Live files of a table, by icesink.file.content (data, delete)",
+        )
+        meter.create_observable_gauge(
+            "icesink.table.snapshots",
+            callbacks=[lambda _o: self._observe_health(lambda h: h.snapshots)],
+            unit="{snapshot}",
+            description="Snapshots in a table's metadata",
+        )
+        meter.create_observable_gauge(
+            "icesink.table.metadata.size",
+            callbacks=[lambda _o: self._observe_health(lambda h: h.metadata_bytes)],
+            unit="By",
+            description="Size of a table's current metadata file",
+        )
+
     def attrs(self, **extra: str) -> dict[str, str]:
         """The sink's attributes plus ``extra``; short keys (``op``, ``content``) get their full names."""
         return {**self._attrs, **{ATTRIBUTE_NAMES.get(k, k): v for k, v in extra.items()}}
@@ -170,6 +227,41 @@ class SinkMetrics:
         """Records held per table; a table that held records and holds none now is reported at 0."""
         with self._lock:
             self._held = {**dict.fromkeys(self._held, 0), **held}
+
+    def maintenance_task(self, table: str, task: str, seconds: float, result: TaskResult) -> None:
+        attrs = self.attrs(table=table, task=task)
+        self.maintenance_duration.record(seconds, attrs)
+        for action, count in (
+            ("rewritten", result.files_rewritten),
+            ("added", result.files_added),
+            ("removed", result.files_removed),
+        ):
+            if count:
+                self.maintenance_files.add(count, {**attrs, "icesink.maintenance.action": action})
+        if result.bytes_rewritten:
+            self.maintenance_rewritten.add(result.bytes_rewritten, attrs)
+        if result.snapshots_expired:
+            self.snapshots_expired.add(result.snapshots_expired, attrs)
+
+    def maintenance_failed(self, table: str, task: str, error_type: str) -> None:
+        self.maintenance_failures.add(1, self.attrs(table=table, task=task, **{"error.type": error_type}))
+
+    def set_health(self, health: TableHealth) -> None:
+        with self._lock:
+            self._health[health.table] = health
+
+    def _observe_files(self, _options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            items = sorted(self._health.items())
+        for table, health in items:
+            yield Observation(health.data_files, self.attrs(table=table, content="data"))
+            yield Observation(health.delete_files, self.attrs(table=table, content="delete"))
+
+    def _observe_health(self, value: Callable[[TableHealth], int]) -> Iterable[Observation]:
+        with self._lock:
+            items = sorted(self._health.items())
+        for table, health in items:
+            yield Observation(value(health), self.attrs(table=table))
 
     def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:

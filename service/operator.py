@@ -10,6 +10,7 @@ from typing import Any
 
 from service.channel.marks import latest_mark
 from service.config import SinkConfig, template_fields
+from txnlog import TransactionLog
 
 
 def command_owner(command: str) -> str:
@@ -40,6 +41,16 @@ def sink_tables(config: SinkConfig, catalog: Any, routes: dict[str, str]) -> lis
             if found not in names and latest_mark(catalog.load_table(found), config.sink_id) is not None:
                 names.add(found)
     return sorted(names)
+
+
+def existing_sink_tables(config: SinkConfig, catalog: Any, log: TransactionLog) -> list[str]:
+    """:func:`sink_tables` with the routes of the sink's last committed plan, those the catalog has."""
+    from service.channel.pending import BatchPlan
+
+    state = log.state(config.sink_id)
+    payload = state.committed_payload if state else None
+    routes = BatchPlan.from_payload(payload).routes if payload else {}
+    return [t for t in sink_tables(config, catalog, routes) if catalog.table_exists(t)]
 
 
 def _split(identifier: str) -> tuple[str, str]:

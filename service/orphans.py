@@ -215,22 +215,15 @@ def delete_orphans(config: SinkConfig, report: OrphanReport, *, catalog: Any = N
 
 def find_sink_orphans(config: SinkConfig, older_than: timedelta = DEFAULT_OLDER_THAN) -> list[OrphanReport]:
     """The orphans of every table of the sink (:func:`service.operator.sink_tables`), table by table."""
-    from service.channel.pending import BatchPlan
     from service.iceberg.tables import open_catalog
-    from service.operator import sink_tables
+    from service.operator import existing_sink_tables
 
     catalog = open_catalog(config)
     log = open_txnlog(config, "orphans")
     try:
-        state = log.state(config.sink_id)
-        payload = state.committed_payload if state else None
-        routes = BatchPlan.from_payload(payload).routes if payload else {}
-        reports = []
-        for identifier in sink_tables(config, catalog, routes):
-            if catalog.table_exists(identifier):
-                reports.append(
-                    find_orphans(config, older_than, identifier=identifier, catalog=catalog, log=log)
-                )
-        return reports
+        return [
+            find_orphans(config, older_than, identifier=identifier, catalog=catalog, log=log)
+            for identifier in existing_sink_tables(config, catalog, log)
+        ]
     finally:
         log.close()

@@ -58,6 +58,14 @@ REQUIRED_CLASSES: tuple[tuple[str, str], ...] = (
     ("org.apache.commons.pool2.impl.GenericKeyedObjectPool", "commons-pool2"),
 )
 
+# What `icesink maintain` adds: Iceberg's Spark runtime (SparkCatalog and the maintenance procedures)
+# and its AWS bundle (S3FileIO). The version is the one dev/maven/spark/pom.xml and the image ship.
+ICEBERG_VERSION = "1.11.0"
+ICEBERG_CLASSES: tuple[tuple[str, str], ...] = (
+    ("org.apache.iceberg.spark.SparkCatalog", "iceberg-spark-runtime"),
+    ("org.apache.iceberg.aws.s3.S3FileIO", "iceberg-aws-bundle"),
+)
+
 
 class SparkJarsError(RuntimeError):
     """The Spark jars can't be found, fetched or resolved, or lack a class the sink needs."""
@@ -72,6 +80,7 @@ class SparkJars:
     files: tuple[str, ...] = ()  # jar files or URIs given to Spark as spark.jars
     packages: tuple[str, ...] = ()  # Maven coordinates Spark resolves through Ivy
     ivy_home: Path | None = None
+    classes: tuple[tuple[str, str], ...] = REQUIRED_CLASSES  # (class, artifact) the session must load
 
     @property
     def local_only(self) -> bool:
@@ -123,11 +132,25 @@ def ivy_home(spark: SparkConfig) -> Path:
     return Path(spark.conf.get("spark.jars.ivy") or DEFAULT_IVY_HOME).expanduser().absolute()
 
 
-def resolve(spark: SparkConfig, environ: Mapping[str, str] = os.environ) -> SparkJars:
+def iceberg_coordinates() -> tuple[str, ...]:
+    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, and its AWS bundle."""
+    spark_minor = ".".join(spark_version().split(".")[:2])
+    return (
+        f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{ICEBERG_VERSION}",
+        f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",
+    )
+
+
+def resolve(
+    spark: SparkConfig, environ: Mapping[str, str] = os.environ, *, iceberg: bool = False
+) -> SparkJars:
     """The jars for this configuration (see the module's docstring); fetches the token provider if needed.
 
     ``spark.conf`` is applied last by the session builder, so its ``spark.jars`` wins over the others.
+    ``iceberg`` (``icesink maintain``): the jars must also hold Iceberg's Spark runtime and AWS bundle;
+    resolved from Maven coordinates, they are added to the packages.
     """
+    classes = REQUIRED_CLASSES + (ICEBERG_CLASSES if iceberg else ())
     packages = tuple(_split(spark.conf.get("spark.jars.packages", "")))
     named = [
         (origin, files)
@@ -148,21 +171,24 @@ def resolve(spark: SparkConfig, environ: Mapping[str, str] = os.environ) -> Spar
             files=tuple(files),
             packages=packages,
             ivy_home=ivy_home(spark) if packages else None,
+            classes=classes,
         )
     kafka_source, token_provider = kafka_source_coordinates()
     home = ivy_home(spark)
     repositories = [*_split(spark.conf.get("spark.jars.repositories", "")), MAVEN_CENTRAL]
     token_jar = fetch_jar(f"{token_provider}:{TOKEN_PROVIDER_VERSION}", repositories, home / "jars")
+    all_packages = (kafka_source, *(iceberg_coordinates() if iceberg else ()))
     return SparkJars(
         f"Maven coordinates (spark.jars and {JARS_ENV} are unset)",
         {
-            "spark.jars.packages": kafka_source,
+            "spark.jars.packages": ",".join(all_packages),
             "spark.jars.excludes": token_provider,
             "spark.jars": str(token_jar),
         },
         files=(str(token_jar),),
-        packages=(kafka_source,),
+        packages=all_packages,
         ivy_home=home,
+        classes=classes,
     )
 
 
@@ -243,7 +269,7 @@ def check_files(jars: SparkJars) -> str:
                 entries.update(jar.namelist())
         except (zipfile.BadZipFile, OSError) as exc:
             raise SparkJarsError(f"{jars.origin}: {entry} is not a jar: {exc}") from None
-    absent = [(cls, artifact) for cls, artifact in REQUIRED_CLASSES if _class_file(cls) not in entries]
+    absent = [(cls, artifact) for cls, artifact in jars.classes if _class_file(cls) not in entries]
     if absent:
         raise SparkJarsError(_lacking(jars, absent))
     return jars.describe()
@@ -255,7 +281,7 @@ def check_session(spark: SparkSession, jars: SparkJars) -> None:
     assert jvm is not None
     loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
     absent = []
-    for cls, artifact in REQUIRED_CLASSES:
+    for cls, artifact in jars.classes:
         try:
             jvm.java.lang.Class.forName(cls, False, loader)
         except Exception:  # py4j's error for the JVM's ClassNotFoundException

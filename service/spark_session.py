@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
@@ -15,16 +16,24 @@ from service.spark_jars import SparkJarsError
 
 logger = logging.getLogger(__name__)
 
+ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
-def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
+
+def build_spark(
+    config: SinkConfig, master: str | None = None, *, iceberg: Mapping[str, str] | None = None
+) -> SparkSession:
     """The sink's Spark session, with the jars it needs (:mod:`service.spark_jars`).
+
+    ``iceberg`` (``icesink maintain``): the Spark settings of an Iceberg catalog
+    (:func:`service.maintenance.spark.catalog_conf`); the session then also loads Iceberg's runtime and
+    its SQL extensions, which the maintenance procedures (``CALL <catalog>.system...``) need.
 
     A jar that is missing, can't be fetched or resolved, or lacks a class the Kafka source needs raises
     :class:`SparkJarsError` here: the sink builds its session before it claims anything.
     """
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = spark_jars.resolve(config.spark)
+    jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None)
     spark_jars.check_files(jars)
     master = master or config.spark.master
     builder = (
@@ -43,7 +52,8 @@ def build_spark(config: SinkConfig, master: str | None = None) -> SparkSession:
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
-    for key, value in {**jars.conf, **config.spark.conf}.items():
+    extensions = {"spark.sql.extensions": ICEBERG_EXTENSIONS} if iceberg is not None else {}
+    for key, value in {**jars.conf, **extensions, **(iceberg or {}), **config.spark.conf}.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()

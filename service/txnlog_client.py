@@ -8,16 +8,19 @@ take the row lock or read the row; with one factory they share ``txnlog.lock_tim
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from service.config import SinkConfig
 from txnlog import TransactionLog
 
 
-def open_txnlog(config: SinkConfig, role: str) -> TransactionLog:
-    """The sink's txnlog; ``role`` ("run", "status", "reseed", ...) names the connection in Postgres."""
+def open_txnlog(config: SinkConfig, role: str, lock_timeout: timedelta | None = None) -> TransactionLog:
+    """The sink's txnlog; ``role`` ("run", "status", "reseed", ...) names the connection in Postgres.
+    ``lock_timeout`` replaces ``txnlog.lock_timeout`` for a role that would rather give up sooner."""
     return TransactionLog(
         config.txnlog.dsn,
         schema=config.txnlog.schema_name,
-        lock_timeout=config.txnlog.lock_timeout,
+        lock_timeout=lock_timeout or config.txnlog.lock_timeout,
         idle_in_transaction_timeout=config.txnlog.session_timeout,
         application_name=f"icesink {role}:{config.sink_id}",
     )

@@ -48,6 +48,16 @@ DEFAULT_TABLE_PROPERTIES = {
     "write.parquet.compression-codec": "zstd",
 }
 
+
+def metadata_properties(config: SinkConfig) -> dict[str, str]:
+    """A streaming table commits every few seconds and each commit writes a new metadata file: the
+    catalog deletes those beyond the newest ``maintenance.metadata_versions`` at each commit."""
+    return {
+        TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+        TableProperties.METADATA_PREVIOUS_VERSIONS_MAX: str(config.maintenance.metadata_versions),
+    }
+
+
 _TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([\w.]+)\s*\)\s*$")
 
 
@@ -154,7 +164,12 @@ def _create(catalog: Catalog, config: SinkConfig, columns: list[Column], cfg: Ta
         pass
     schema: Schema = iceberg_schema(columns, cfg.key)
     spec = partition_spec(schema, cfg.partition_by)
-    properties = {**DEFAULT_TABLE_PROPERTIES, **cfg.properties, **config.write.table_properties()}
+    properties = {
+        **DEFAULT_TABLE_PROPERTIES,
+        **metadata_properties(config),
+        **cfg.properties,
+        **config.write.table_properties(),
+    }
     try:
         table = catalog.create_table(
             cfg.identifier,

@@ -148,11 +148,15 @@ class Sink:
 
     def start(self, *args: str, env: Mapping[str, str | None] | None = None) -> SinkRun:
         """Start `icesink run`; ``env`` adds variables to the test's environment (None removes one)."""
+        return self.start_cli("run", *args, env=env)
+
+    def start_cli(self, *args: str, env: Mapping[str, str | None] | None = None) -> SinkRun:
+        """Start `icesink <args> --config <this sink>` in the background (``run``, ``maintain``, ...)."""
         self.save()
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
         log = log_path.open("w")
         process = subprocess.Popen(
-            [*ICESINK, "run", "--config", str(self.path), *args],
+            [*ICESINK, *args, "--config", str(self.path)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -173,7 +177,7 @@ class Sink:
         return run
 
     def cli(
-        self, *args: str, env: Mapping[str, str | None] | None = None
+        self, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         self.save()
         return subprocess.run(
@@ -181,7 +185,7 @@ class Sink:
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout,
             env=_environment(env),
         )
 

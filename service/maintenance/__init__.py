@@ -1,0 +1,1 @@
+"""Table health: fenced maintenance of the sink's tables (``icesink maintain``, docs/operations.md)."""

@@ -1,0 +1,65 @@
+"""``icesink maintain [--once]``: build the maintainer's servers, run it, turn the outcome into an exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from datetime import timedelta
+
+from service.config import ConfigError, SinkConfig
+
+logger = logging.getLogger("icesink")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_FENCED = 0, 1, 2, 3
+
+# A maintainer that finds a table's lease locked waits this long, then leaves the table for this pass.
+LEASE_WAIT = timedelta(seconds=5)
+
+
+def maintain(config: SinkConfig, once: bool) -> int:
+    from service import failpoints
+    from service.iceberg.tables import open_catalog
+    from service.maintenance.maintainer import Maintainer
+    from service.maintenance.spark import CATALOG, catalog_conf
+    from service.metrics import setup_metrics
+    from service.operator import command_owner
+    from service.spark_jars import SparkJarsError
+    from service.spark_session import build_spark
+    from service.txnlog_client import open_txnlog
+    from txnlog import Fenced
+
+    failpoints.configure()
+    try:
+        spark_catalog = catalog_conf(config)
+    except ConfigError as exc:
+        logger.error("cannot start: %s", exc)
+        return EXIT_CONFIG
+    try:
+        spark = build_spark(config, iceberg=spark_catalog)
+    except SparkJarsError as exc:
+        logger.error("cannot start: %s", exc)
+        return EXIT_CONFIG
+    metrics = setup_metrics(config.metrics, config.sink_id, "")
+    log = open_txnlog(config, "maintain", lock_timeout=LEASE_WAIT)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    maintainer = Maintainer(
+        config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain")
+    )
+    try:
+        if not once:
+            maintainer.run_forever(stop)
+            return EXIT_OK
+        runs = maintainer.run_once(force=True)
+    except Fenced as exc:
+        metrics.fenced.add(1, metrics.attrs())
+        logger.error("stopping: a newer maintainer took over (%s); this one committed nothing more", exc)
+        return EXIT_FENCED
+    finally:
+        log.close()
+        spark.stop()
+    print(json.dumps({"sink_id": config.sink_id, "tables": [r.to_json() for r in runs]}, indent=2))
+    return EXIT_FAILED if any(r.failed for r in runs) else EXIT_OK

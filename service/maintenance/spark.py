@@ -1,0 +1,79 @@
+"""The maintainer's Spark session: the sink's catalog, as an Iceberg catalog of Spark's.
+
+Maintenance runs Iceberg's own Spark procedures (``rewrite_data_files``, ``expire_snapshots``, ...) in
+a Spark session, so the catalog the sink reaches through pyiceberg must also be reachable from the
+JVM. The two libraries mostly share property names (``uri``, ``warehouse``, ``credential``, ``token``,
+``s3.endpoint``, ``s3.access-key-id``, ...); this module maps the few that differ, and
+``maintenance.spark_catalog`` adds or replaces any property for a catalog it does not cover.
+The settings are passed to the session builder in-process: secrets never reach a command line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.config import ConfigError, SinkConfig
+
+CATALOG = "icesink"  # the catalog's name inside the maintainer's Spark session
+
+# pyiceberg catalog properties Iceberg's Java catalogs and S3FileIO read under the same name.
+_SAME_NAME = (
+    "uri",
+    "warehouse",
+    "credential",
+    "token",
+    "scope",
+    "oauth2-server-uri",
+    "prefix",
+    "rest.sigv4-enabled",
+    "rest.signing-name",
+    "rest.signing-region",
+    "s3.endpoint",
+    "s3.access-key-id",
+    "s3.secret-access-key",
+    "s3.session-token",
+)
+_TYPES = {"rest": "rest", "glue": "glue", "hive": "hive"}
+
+
+def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
+    """Spark settings for an Iceberg catalog ``name`` that reaches the sink's tables.
+
+    Raises :class:`ConfigError` for a catalog type this mapping does not know and
+    ``maintenance.spark_catalog`` does not describe (``type`` or ``catalog-impl``).
+    """
+    props: dict[str, Any] = config.catalog_properties
+    given = dict(config.maintenance.spark_catalog)
+    kind = str(props.get("type", "rest"))
+    prefix = f"spark.sql.catalog.{name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.cache-enabled": "false",
+        # Iceberg's actions name the metadata tables they read without a catalog (`ns.t.files`).
+        "spark.sql.defaultCatalog": name,
+    }
+    if kind in _TYPES:
+        conf[f"{prefix}.type"] = _TYPES[kind]
+    elif not ({"type", "catalog-impl"} & set(given)):
+        raise ConfigError(
+            f"maintenance: the catalog type {kind!r} has no Spark equivalent icesink knows; describe the "
+            "catalog to Spark in maintenance.spark_catalog (type or catalog-impl, and its properties)"
+        )
+    for key in _SAME_NAME:
+        if isinstance(props.get(key), str):
+            conf[f"{prefix}.{key}"] = props[key]
+    conf.update(
+        {f"{prefix}.{k}": v for k, v in props.items() if k.startswith("header.") and isinstance(v, str)}
+    )
+    if "s3.region" in props:
+        conf[f"{prefix}.client.region"] = str(props["s3.region"])
+    if "glue.region" in props:
+        conf[f"{prefix}.client.region"] = str(props["glue.region"])
+    if any(k.startswith("s3.") for k in props) or str(props.get("warehouse", "")).startswith("s3"):
+        conf[f"{prefix}.io-impl"] = "org.apache.iceberg.aws.s3.S3FileIO"
+        # pyiceberg addresses a custom endpoint by path unless told otherwise; S3FileIO by host.
+        virtual = str(props.get("s3.force-virtual-addressing", "false")).lower() == "true"
+        if "s3.endpoint" in props:
+            conf[f"{prefix}.s3.path-style-access"] = "false" if virtual else "true"
+    conf.update({f"{prefix}.{k}": v for k, v in given.items()})
+    return conf

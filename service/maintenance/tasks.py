@@ -1,0 +1,353 @@
+"""The maintenance tasks: each a small class that says when it is due and runs one Iceberg procedure.
+
+Spark's Iceberg procedures do the work (design brief: do not re-implement them); the only file
+removal icesink does itself is that of data-location orphans, because only the txnlog knows which
+unreferenced files a pending plan still needs (:mod:`service.orphans`).
+
+Why the defaults are safe next to a running sink:
+
+* compaction keeps ``use-starting-sequence-number`` (Iceberg's default): rewritten files take the
+  sequence number of the snapshot the rewrite started from, so an equality delete the sink commits
+  meanwhile still applies to them, and no deleted row comes back (Iceberg issue 10312). The sink's
+  own commit conflicts with the rewrite's at most once per rewrite: it reloads and commits again
+  (:mod:`service.channel.committer`); the rewrite's conflicts are Iceberg's to validate and retry;
+* expiry never removes a file a pending plan needs: such files are in no snapshot yet, and the proof
+  that a plan landed is kept in table properties that expiry does not touch
+  (:mod:`service.channel.marks`);
+* orphans must be older than ``maintenance.orphans.older_than``, and a file any txnlog plan names is
+  never one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from service.config import MaintenanceConfig, SinkConfig
+from service.maintenance.health import TableHealth
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyspark.sql import SparkSession
+
+    from txnlog import TransactionLog
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskContext:
+    """What a task runs with: one table of the sink, the maintainer's Spark session and servers."""
+
+    config: SinkConfig
+    spark: SparkSession
+    spark_catalog: str
+    catalog: Catalog
+    log: TransactionLog
+    identifier: str
+
+    @property
+    def settings(self) -> MaintenanceConfig:
+        return self.config.maintenance
+
+    def call(self, procedure: str, **args: str) -> list[dict[str, Any]]:
+        """``CALL <catalog>.system.<procedure>(table => '<catalog>.<ns.table>', <args>)``; args are SQL
+        expressions."""
+        table = _literal(f"{self.spark_catalog}.{self.identifier}")
+        arguments = ", ".join([f"table => {table}", *(f"{k} => {v}" for k, v in args.items())])
+        sql = f"CALL {self.spark_catalog}.system.{procedure}({arguments})"
+        logger.debug("maintenance of %s: %s", self.identifier, sql)
+        return [row.asDict() for row in self.spark.sql(sql).collect()]
+
+
+@dataclass
+class TaskResult:
+    """What a task changed; ``detail`` is the procedure's own answer."""
+
+    files_rewritten: int = 0
+    files_added: int = 0
+    files_removed: int = 0
+    bytes_rewritten: int = 0
+    snapshots_expired: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Task:
+    """One kind of maintenance. ``due`` says why it should run now (None: not due); ``force`` is
+    ``icesink maintain --once``, which runs every task that has anything to do."""
+
+    name = ""
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        raise NotImplementedError
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        raise NotImplementedError
+
+
+class Compact(Task):
+    """``rewrite_data_files``: data files rewritten with their deletes applied, small files bin-packed,
+    dangling delete files removed; partial progress commits every few file groups, so a long rewrite
+    keeps what it did if it is stopped, and conflicts with the sink's commits stay small."""
+
+    name = "compact"
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        cfg = settings.compaction
+        if not cfg.enabled or health.data_files == 0:
+            return None
+        if force:
+            return "maintain --once" if health.delete_files or health.data_files > 1 else None
+        if health.delete_files >= cfg.delete_files:
+            return f"{health.delete_files} delete files (compaction.delete_files: {cfg.delete_files})"
+        if health.commits_since_compaction >= cfg.commits:
+            return f"{health.commits_since_compaction} commits since the last compaction (compaction.commits: {cfg.commits})"
+        since = health.last_compaction or health.first_snapshot
+        if (
+            cfg.max_age is not None
+            and health.delete_files
+            and since is not None
+            and now - since >= cfg.max_age
+        ):
+            return f"deletes and no compaction since {since:%Y-%m-%d %H:%M:%S}Z (compaction.max_age: {cfg.max_age})"
+        return None
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        cfg = ctx.settings.compaction
+        options = {
+            "delete-file-threshold": "1",
+            "remove-dangling-deletes": "true",
+            "partial-progress.enabled": "true",
+            "partial-progress.max-commits": "10",
+            "max-concurrent-file-group-rewrites": str(cfg.max_concurrent_groups),
+            # The groups with the most files first: those are where the deletes piled up.
+            "rewrite-job-order": "files-desc",
+        }
+        if cfg.target_file_size is not None:
+            options["target-file-size-bytes"] = str(cfg.target_file_size)
+        rows = ctx.call("rewrite_data_files", options=_map(options))
+        row = rows[0] if rows else {}
+        dropped = _drop_unpartitioned_dangling_deletes(ctx)
+        return TaskResult(
+            files_rewritten=int(row.get("rewritten_data_files_count") or 0),
+            files_added=int(row.get("added_data_files_count") or 0),
+            files_removed=int(row.get("removed_delete_files_count") or 0) + dropped,
+            bytes_rewritten=int(row.get("rewritten_bytes_count") or 0),
+            detail={**row, "unpartitioned_dangling_deletes_removed": dropped},
+        )
+
+
+class RewritePositionDeletes(Task):
+    """``rewrite_position_delete_files``: position deletes of other writers compacted, and those whose
+    data files are gone dropped. icesink itself writes equality deletes, which compaction removes."""
+
+    name = "rewrite_position_deletes"
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        if health.position_deletes and settings.compaction.enabled:
+            return f"{health.position_deletes} position deletes"
+        return None
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        rows = ctx.call("rewrite_position_delete_files", options=_map({"rewrite-all": "true"}))
+        row = rows[0] if rows else {}
+        return TaskResult(
+            files_rewritten=int(row.get("rewritten_delete_files_count") or 0),
+            files_added=int(row.get("added_delete_files_count") or 0),
+            bytes_rewritten=int(row.get("rewritten_bytes_count") or 0),
+            detail=row,
+        )
+
+
+class ExpireSnapshots(Task):
+    """``expire_snapshots``: snapshots older than ``expiry.older_than`` beyond the newest
+    ``expiry.retain_last``, and the files only they referenced."""
+
+    name = "expire_snapshots"
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        cfg = settings.expiry
+        if cfg.enabled and health.snapshots > cfg.retain_last:
+            return f"{health.snapshots} snapshots (expiry.retain_last: {cfg.retain_last})"
+        return None
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        cfg = ctx.settings.expiry
+        before = len(ctx.catalog.load_table(ctx.identifier).metadata.snapshots)
+        rows = ctx.call(
+            "expire_snapshots",
+            older_than=_timestamp(datetime.now(UTC) - cfg.older_than),
+            retain_last=str(cfg.retain_last),
+        )
+        after = len(ctx.catalog.load_table(ctx.identifier).metadata.snapshots)
+        row = rows[0] if rows else {}
+        removed = sum(int(v or 0) for k, v in row.items() if k.startswith("deleted_") and "manifest" not in k)
+        return TaskResult(files_removed=removed, snapshots_expired=max(0, before - after), detail=row)
+
+
+class RewriteManifests(Task):
+    """``rewrite_manifests``: the sink adds two manifests per commit; every commit reads the list."""
+
+    name = "rewrite_manifests"
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        if health.manifests > settings.max_manifests or (force and health.manifests > 2):
+            return f"{health.manifests} manifests (max_manifests: {settings.max_manifests})"
+        return None
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        rows = ctx.call("rewrite_manifests")
+        row = rows[0] if rows else {}
+        return TaskResult(
+            files_rewritten=int(row.get("rewritten_manifests_count") or 0),
+            files_added=int(row.get("added_manifests_count") or 0),
+            detail=row,
+        )
+
+
+class RemoveOrphans(Task):
+    """Orphan files: under the data location with icesink's txnlog-aware listing (a file a pending or
+    committed plan names is never one), under the metadata location with ``remove_orphan_files``
+    (manifests and metadata files of commits that failed)."""
+
+    name = "remove_orphans"
+
+    def __init__(self) -> None:
+        self.last_run: dict[str, datetime] = {}  # table → when this maintainer last looked
+
+    def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        cfg = settings.orphans
+        if not cfg.enabled:
+            return None
+        last = self.last_run.get(health.table)
+        if force or last is None or now - last >= cfg.interval:
+            return "maintain --once" if force else f"orphans.interval ({cfg.interval}) since the last look"
+        return None
+
+    def run(self, ctx: TaskContext) -> TaskResult:
+        from service.orphans import delete_orphans, find_orphans
+
+        cfg = ctx.settings.orphans
+        self.last_run[ctx.identifier] = datetime.now(UTC)
+        report = find_orphans(
+            ctx.config, cfg.older_than, identifier=ctx.identifier, catalog=ctx.catalog, log=ctx.log
+        )
+        deleted = delete_orphans(ctx.config, report, catalog=ctx.catalog)
+        metadata_orphans = _delete_metadata_orphans(ctx, cfg.older_than)
+        return TaskResult(
+            files_removed=len(deleted) + metadata_orphans,
+            detail={
+                "data_orphans": len(deleted),
+                "data_orphan_bytes": sum(f.size for f in report.orphans),
+                "kept_for_txnlog_plans": report.in_plans,
+                "metadata_orphans": metadata_orphans,
+            },
+        )
+
+
+def _java_table(ctx: TaskContext) -> Any:
+    """The table as Iceberg's Java API in the maintainer's Spark session sees it."""
+    jvm = ctx.spark.sparkContext._jvm
+    assert jvm is not None
+    name = ".".join(f"`{part}`" for part in [ctx.spark_catalog, *ctx.identifier.split(".")])
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(ctx.spark._jsparkSession, name)
+
+
+def _drop_unpartitioned_dangling_deletes(ctx: TaskContext) -> int:
+    """Remove the delete files of an unpartitioned table that apply to no live data file; returns the count.
+
+    ``remove-dangling-deletes`` does this for partitioned tables only: for an unpartitioned one Iceberg
+    leaves it to the next commit that filters manifests, which drops only deletes strictly older than
+    every data file and never comes from a sink that commits through pyiceberg. After a compaction
+    every data file has the rewrite's starting sequence number S, and an equality delete applies only
+    to data files with a lower one, so every delete up to S is dead weight that readers still list.
+    Same rule as Iceberg's for partitions: an equality delete is dangling when its sequence number is
+    at most the lowest of the live data files, a position delete when it is lower. One ``RewriteFiles``
+    commit removes them; it fails, and nothing is removed, if the table moved meanwhile in a way that
+    conflicts (the next pass tries again).
+    """
+    jvm = ctx.spark.sparkContext._jvm
+    assert jvm is not None
+    table = _java_table(ctx)
+    snapshot = table.currentSnapshot()
+    if snapshot is None or table.specs().size() != 1 or not table.spec().isUnpartitioned():
+        return 0
+    files = jvm.org.apache.iceberg.ManifestFiles
+    io = table.io()
+
+    def live(manifests: Any, read: Any) -> list[Any]:
+        found = []
+        for i in range(manifests.size()):
+            reader = read(manifests.get(i))
+            iterator = reader.iterator()
+            while iterator.hasNext():
+                found.append(iterator.next().copy())
+            reader.close()
+        return found
+
+    data = live(snapshot.dataManifests(io), lambda m: files.read(m, io, table.specs()))
+    deletes = live(snapshot.deleteManifests(io), lambda m: files.readDeleteManifest(m, io, table.specs()))
+    if not deletes:
+        return 0
+    lowest = min((f.dataSequenceNumber() for f in data), default=None)
+    equality = jvm.org.apache.iceberg.FileContent.EQUALITY_DELETES
+    dangling = [
+        f
+        for f in deletes
+        if lowest is None
+        or f.dataSequenceNumber() < lowest
+        or (f.content() == equality and f.dataSequenceNumber() == lowest)
+    ]
+    if not dangling:
+        return 0
+    rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
+    for f in dangling:
+        rewrite.deleteFile(f)
+    rewrite.commit()
+    return len(dangling)
+
+
+def _delete_metadata_orphans(ctx: TaskContext, older_than: timedelta) -> int:
+    """Iceberg's ``DeleteOrphanFiles`` action over the table's metadata location; returns the count.
+
+    The action, not the ``remove_orphan_files`` procedure: the procedure refuses ages under 24 hours,
+    while ``maintenance.orphans.older_than`` may be as short as 10 minutes (no icesink commit is
+    anywhere near that long in flight).
+    """
+    jvm = ctx.spark.sparkContext._jvm
+    assert jvm is not None
+    session = ctx.spark._jsparkSession
+    table = _java_table(ctx)
+    cutoff_ms = int((datetime.now(UTC) - older_than).timestamp() * 1000)
+    result = (
+        jvm.org.apache.iceberg.spark.actions.SparkActions.get(session)
+        .deleteOrphanFiles(table)
+        .location(table.location().rstrip("/") + "/metadata")
+        .olderThan(cutoff_ms)
+        .usePrefixListing(True)  # list through the table's FileIO (S3FileIO), not a Hadoop file system
+        .execute()
+    )
+    count: int = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(
+        result.orphanFileLocations()
+    )
+    return count
+
+
+def default_tasks() -> list[Task]:
+    """In the order they run: compaction first (it turns deletes into dangling files and old snapshots),
+    then expiry (which removes what compaction replaced), manifests, orphans."""
+    return [Compact(), RewritePositionDeletes(), ExpireSnapshots(), RewriteManifests(), RemoveOrphans()]
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _map(options: dict[str, str]) -> str:
+    return "map(" + ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in options.items()) + ")"
+
+
+def _timestamp(at: datetime) -> str:
+    return f"TIMESTAMP {_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f'))}"

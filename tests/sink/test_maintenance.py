@@ -1,0 +1,126 @@
+"""`icesink maintain`: compaction, expiry, manifest and orphan clean-up, fenced by the txnlog.
+
+Each test starts from an upsert table the sink filled in many small commits (one equality-delete
+file each), checks that the table really is in that state, and then what maintenance made of it:
+the same rows through Spark and DuckDB, fewer files, the deletes applied.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from pyiceberg.catalog import load_catalog
+
+from service.config import parse_config
+from service.maintenance.health import table_health
+from service.maintenance.lease import lease_id
+from tests.sink.conftest import Sink
+from tests.sink.expect import assert_rows
+from txnlog import Phase, TransactionLog
+
+
+def _catalog(sink: Sink) -> Any:
+    config = parse_config(sink.config)
+    return load_catalog(config.catalog_name, **config.catalog_properties)
+
+
+def _health(sink: Sink) -> Any:
+    return table_health(_catalog(sink).load_table(sink.table), sink.table)
+
+
+def _many_small_commits(make_sink: Any, rounds: int = 12, **maintenance: Any) -> Sink:
+    """An upsert table written in ``rounds`` commits of 40 changes each (one delete file per commit)."""
+    sink: Sink = make_sink(
+        partitions=1,
+        keys=60,
+        kafka={"max_offsets_per_trigger": 40},
+        maintenance={
+            "expiry": {"older_than": "1s", "retain_last": 2},
+            "orphans": {"older_than": "10m"},
+            **maintenance,
+        },
+    )
+    sink.produce(40 * rounds)
+    sink.run_until_caught_up()
+    return sink
+
+
+def _maintain(sink: Sink, *args: str, env: dict[str, str | None] | None = None) -> dict[str, Any]:
+    done = sink.cli("maintain", "--once", *args, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+def test_maintain_once_applies_every_delete_and_keeps_the_rows(make_sink: Any, spark: Any) -> None:
+    sink = _many_small_commits(make_sink)
+    before = _health(sink)
+    assert before.delete_files >= 10 and before.snapshots >= 10, before  # the state maintenance is for
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+    props = _catalog(sink).load_table(sink.table).properties
+    assert props["write.metadata.delete-after-commit.enabled"] == "true"
+    assert props["write.metadata.previous-versions-max"] == "20"
+
+    time.sleep(1.5)  # every snapshot but the newest two is now older than expiry.older_than
+    report = _maintain(sink)
+
+    (table,) = report["tables"]
+    assert table["failed"] == {}, table
+    assert {"compact", "expire_snapshots", "rewrite_manifests", "remove_orphans"} <= set(table["tasks"])
+    after = _health(sink)
+    assert after.delete_files == 0, after  # a reader opens data files only
+    assert after.data_files < before.data_files, (before, after)
+    assert after.snapshots <= 3, after
+    assert after.records == len(sink.source.expected_rows())
+    assert table["tasks"]["compact"]["files_rewritten"] == before.data_files
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+    # The sink goes on committing on top of the compacted table, exactly.
+    sink.produce(200)
+    sink.run_until_caught_up()
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+
+def test_a_maintainer_fenced_between_tasks_commits_nothing_more(make_sink: Any, spark: Any) -> None:
+    sink = _many_small_commits(make_sink, rounds=6)
+    config = parse_config(sink.config)
+    table = _catalog(sink).load_table(sink.table)
+    snapshots_before = len(table.metadata.snapshots)
+    log = TransactionLog(config.txnlog.dsn)
+    try:
+        # The maintainer stops before its second task (expiry, after compaction), its lease row
+        # unlocked; meanwhile a newer maintainer claims the table.
+        maintainer = sink.start_cli(
+            "maintain", "--once", env={"ICESINK_FAILPOINTS": "maintenance_before_task=delay:20@2"}
+        )
+        row = lease_id(sink.name, sink.table)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            state = log.state(row)
+            payload = (
+                state.committed_payload if state is not None and state.phase is Phase.COMMITTED else None
+            )
+            if payload and payload.get("task") == "compact":
+                break
+            assert maintainer.process.poll() is None, maintainer.log()
+            time.sleep(0.5)
+        else:
+            pytest.fail("the maintainer never finished its compaction")
+        newer = log.claim(row, "a newer maintainer")
+        assert newer.epoch == state.epoch + 1
+
+        code = maintainer.wait(120)
+        assert code == 3, maintainer.log()
+        assert "a newer maintainer took over" in maintainer.log()
+        after = log.state(row)
+        assert after is not None and after.committed_payload is not None
+        assert after.committed_payload["task"] == "compact"  # no later task was precommitted
+        table = _catalog(sink).load_table(sink.table)
+        # compaction's snapshot(s) and nothing expired: the fenced maintainer's expiry never ran
+        assert len(table.metadata.snapshots) > snapshots_before
+    finally:
+        log.close()
+    assert_rows(spark, sink.table, sink.source.expected_rows())
