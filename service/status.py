@@ -1,4 +1,5 @@
-"""``icesink status``: the sink's txnlog row, and each of its tables with offsets, last commit and lag.
+"""``icesink status``: the sink's txnlog row, and each of its tables with offsets, last commit, lag,
+health (files, deletes, snapshots, metadata size) and last maintenance (its lease row in the txnlog).
 
 The txnlog answers for the sink (epoch, owner, phase, the committed offsets); each table's last
 commit of the sink is read from the table itself (service.channel.marks), and the lag from Kafka. A
@@ -13,6 +14,7 @@ from typing import Any
 from service.channel.marks import latest_mark
 from service.channel.pending import BatchPlan
 from service.config import SinkConfig
+from service.maintenance.lease import last_maintenance, lease_id
 from service.model.offsets import Offsets
 from service.txnlog_client import open_txnlog
 
@@ -39,29 +41,40 @@ def _lag(config: SinkConfig, committed: Offsets) -> tuple[dict[str, int], str | 
     return {t: sum(max(0, e - committed[t].get(p, 0)) for p, e in ps.items()) for t, ps in ends.items()}, None
 
 
-def _last_commit(config: SinkConfig, tables: list[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+def _from_tables(
+    config: SinkConfig, tables: list[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], str | None]:
+    """Each table's last commit of the sink and its health (service.maintenance.health)."""
     from service.iceberg.tables import open_catalog
+    from service.maintenance.health import table_health
 
+    marks, health = {}, {}
     try:
         catalog = open_catalog(config)
-        out = {}
         for identifier in tables:
-            mark = latest_mark(catalog.load_table(identifier), config.sink_id)
-            out[identifier] = {"seq": mark.seq, "snapshot_id": mark.snapshot_id} if mark else {}
-        return out, None
+            table = catalog.load_table(identifier)
+            mark = latest_mark(table, config.sink_id)
+            marks[identifier] = {"seq": mark.seq, "snapshot_id": mark.snapshot_id} if mark else {}
+            health[identifier] = table_health(table, identifier).to_json()
+        return marks, health, None
     except Exception as exc:  # catalog down, or a table dropped
-        return {}, f"{type(exc).__name__}: {exc}"
+        return marks, health, f"{type(exc).__name__}: {exc}"
 
 
 def status(config: SinkConfig) -> dict[str, Any]:
     log = open_txnlog(config, "status")
     try:
         state = log.state(config.sink_id)
+        committed = (
+            BatchPlan.from_payload(state.committed_payload) if state and state.committed_payload else None
+        )
+        leases = {
+            table: log.state(lease_id(config.sink_id, table)) for table in _routes(config, committed).values()
+        }
     finally:
         log.close()
     if state is None:
         return {"sink_id": config.sink_id, "table": config.table.identifier, "state": "never started"}
-    committed = BatchPlan.from_payload(state.committed_payload) if state.committed_payload else None
     pending = BatchPlan.from_payload(state.pending) if state.pending else None
     last = committed.tables[0] if committed and committed.tables else None
     out: dict[str, Any] = {
@@ -87,7 +100,7 @@ def status(config: SinkConfig) -> dict[str, Any]:
     routes = _routes(config, committed)
     offsets = committed.offsets if committed else {}
     lag, lag_error = _lag(config, offsets) if offsets else ({}, None)
-    marks, catalog_error = _last_commit(config, sorted(set(routes.values())))
+    marks, health, catalog_error = _from_tables(config, sorted(set(routes.values())))
     out["tables"] = [
         {
             "table": table,
@@ -95,6 +108,8 @@ def status(config: SinkConfig) -> dict[str, Any]:
             "offsets": _offsets_json({t: offsets.get(t, {}) for t, r in routes.items() if r == table}),
             "last_commit": marks.get(table),
             "lag": sum(lag.get(t, 0) for t, r in routes.items() if r == table) if not lag_error else None,
+            "health": health.get(table),
+            "maintenance": last_maintenance(leases.get(table)),
         }
         for table in sorted(set(routes.values()))
     ]

@@ -8,6 +8,7 @@ the same rows through Spark and DuckDB, fewer files, the deletes applied.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any
 
@@ -77,6 +78,10 @@ def test_maintain_once_applies_every_delete_and_keeps_the_rows(make_sink: Any, s
     assert after.records == len(sink.source.expected_rows())
     assert table["tasks"]["compact"]["files_rewritten"] == before.data_files
     assert_rows(spark, sink.table, sink.source.expected_rows())
+    status = json.loads(sink.cli("status").stdout)["tables"][0]
+    assert status["health"]["delete_files"] == 0 and status["health"]["snapshots"] == after.snapshots
+    assert status["maintenance"]["last"]["task"] == "report"
+    assert set(status["maintenance"]["last"]["tasks"]) == set(table["tasks"])
 
     # The sink goes on committing on top of the compacted table, exactly.
     sink.produce(200)
@@ -123,4 +128,33 @@ def test_a_maintainer_fenced_between_tasks_commits_nothing_more(make_sink: Any, 
         assert len(table.metadata.snapshots) > snapshots_before
     finally:
         log.close()
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+
+def test_a_sink_commit_that_conflicts_with_a_compaction_is_retried_on_top_of_it(
+    make_sink: Any, spark: Any
+) -> None:
+    sink: Sink = make_sink(
+        partitions=1,
+        keys=60,
+        kafka={"max_offsets_per_trigger": 40},
+        txnlog={"session_timeout": "120s"},  # the sink's row stays locked through the delayed commit
+    )
+    sink.produce(40 * 6)
+    # The seventh commit has built its snapshot on the table as it was, then waits 45 s to send it.
+    run = sink.start(env={"ICESINK_FAILPOINTS": "during_catalog_commit=delay:45@7"})
+    run.wait_for_log("committed seq 6", timeout=240)
+    sink.produce(40)
+    run.wait_for_log("fail point during_catalog_commit: delay", timeout=120)
+
+    report = _maintain(sink)
+    compacted = report["tables"][0]["tasks"]["compact"]
+    assert compacted["files_rewritten"] >= 6, compacted  # the compaction committed meanwhile
+
+    run.wait_for_log("conflicted", timeout=120)  # the sink's commit met the compaction's snapshot
+    run.wait_for_log("committed seq 7", timeout=120)
+    sink.produce(100)
+    run.kill(signal.SIGTERM)
+    assert run.wait(120) == 0, run.log()[-4000:]
+    sink.run_until_caught_up()
     assert_rows(spark, sink.table, sink.source.expected_rows())
