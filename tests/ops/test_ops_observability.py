@@ -15,6 +15,8 @@ from ops_helpers import REPO, free_port, http_status, parse_prometheus
 from service.config import parse_config
 from service.health import Health
 from service.kafka.lag import LagMonitor, compute_lag
+from service.maintenance.health import TableHealth
+from service.maintenance.tasks import TaskResult
 from service.metrics import INSTRUMENTS, SinkMetrics, otlp_metrics_url
 
 DOC = REPO / "docs" / "metrics.md"
@@ -35,6 +37,14 @@ PROMETHEUS = {
     "icesink.kafka.lag": "icesink_kafka_lag",
     "icesink.freshness": "icesink_freshness_seconds",
     "icesink.tables.held": "icesink_tables_held",
+    "icesink.maintenance.duration": "icesink_maintenance_duration_seconds",
+    "icesink.maintenance.files": "icesink_maintenance_files_total",
+    "icesink.maintenance.rewritten": "icesink_maintenance_rewritten_bytes_total",
+    "icesink.maintenance.snapshots_expired": "icesink_maintenance_snapshots_expired_total",
+    "icesink.maintenance.failures": "icesink_maintenance_failures_total",
+    "icesink.table.files": "icesink_table_files",
+    "icesink.table.snapshots": "icesink_table_snapshots",
+    "icesink.table.metadata.size": "icesink_table_metadata_size_bytes",
 }
 
 
@@ -55,6 +65,12 @@ def exercise(m: SinkMetrics) -> None:
     m.set_lag({("t", 0): 7, ("t", 1): 0})
     m.set_freshness(3.0)
     m.set_held({"ns.t": 12})
+    result = TaskResult(
+        files_rewritten=4, files_added=1, files_removed=3, bytes_rewritten=900, snapshots_expired=2
+    )
+    m.maintenance_task("ns.t", "compact", 1.5, result)
+    m.maintenance_failed("ns.t", "expire_snapshots", "conflict")
+    m.set_health(TableHealth("ns.t", 5, 2, 1, 10, 0, 100, 2000, 3, 4000, 1, None, None))
 
 
 @pytest.fixture
@@ -96,6 +112,13 @@ def test_attributes_use_their_documented_names(collected: dict[str, object]) -> 
         ("t", "1"),
     }
     assert [p.value for p in collected["icesink.tables.held"].data.data_points] == [12]  # type: ignore[attr-defined]
+    files = {
+        (a["icesink.maintenance.task"], a["icesink.maintenance.action"])
+        for a in attrs("icesink.maintenance.files")
+    }
+    assert files == {("compact", "rewritten"), ("compact", "added"), ("compact", "removed")}
+    assert attrs("icesink.maintenance.failures")[0]["error.type"] == "conflict"
+    assert {a["icesink.file.content"] for a in attrs("icesink.table.files")} == {"data", "delete"}
     for name in INSTRUMENTS:
         for a in attrs(name):
             assert a["icesink.sink_id"] == "s1" and a["icesink.table"] == "ns.t"

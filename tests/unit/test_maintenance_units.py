@@ -1,0 +1,151 @@
+"""Maintenance without servers: its settings, the Spark catalog it derives, and when each task is due."""
+
+from __future__ import annotations
+
+import zipfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service import spark_jars
+from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_config
+from service.iceberg.tables import metadata_properties
+from service.maintenance.health import TableHealth
+from service.maintenance.spark import catalog_conf
+from service.maintenance.tasks import Compact, ExpireSnapshots, RemoveOrphans, RewriteManifests
+from tests.unit.test_config import BASE, with_
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def health(**changes: Any) -> TableHealth:
+    values: dict[str, Any] = {
+        "table": "ns.t",
+        "snapshots": 10,
+        "data_files": 10,
+        "delete_files": 0,
+        "equality_deletes": 0,
+        "position_deletes": 0,
+        "records": 100,
+        "data_bytes": 10_000,
+        "manifests": 20,
+        "metadata_bytes": 5_000,
+        "commits_since_compaction": 10,
+        "last_compaction": None,
+        "first_snapshot": NOW - timedelta(minutes=5),
+    }
+    return TableHealth(**{**values, **changes})
+
+
+def test_defaults_suit_a_streaming_table() -> None:
+    settings = parse_config(BASE, env={}).maintenance
+    assert settings.interval == timedelta(minutes=5)
+    assert (settings.expiry.older_than, settings.expiry.retain_last) == (timedelta(days=1), 100)
+    assert settings.orphans.older_than == timedelta(days=1)
+    assert settings.compaction.delete_files == 20
+    assert metadata_properties(parse_config(BASE, env={})) == {
+        "write.metadata.delete-after-commit.enabled": "true",
+        "write.metadata.previous-versions-max": "20",
+    }
+
+
+def test_an_orphan_age_under_ten_minutes_is_refused_at_start_up() -> None:
+    with pytest.raises(ConfigError, match=r"maintenance\.orphans\.older_than.*at least 10m"):
+        parse_config(with_(maintenance={"orphans": {"older_than": "5m"}}), env={})
+
+
+def test_durations_and_sizes_parse() -> None:
+    settings = parse_config(
+        with_(maintenance={"interval": "30s", "compaction": {"target_file_size": "64MiB", "max_age": "2h"}}),
+        env={},
+    ).maintenance
+    assert settings.interval == timedelta(seconds=30)
+    assert settings.compaction.target_file_size == 64 * 1024 * 1024
+    assert settings.compaction.max_age == timedelta(hours=2)
+
+
+def test_rest_catalog_on_s3_maps_to_sparks_iceberg_catalog() -> None:
+    config = parse_config(
+        with_(
+            catalog={
+                "type": "rest",
+                "uri": "http://rest:8181",
+                "credential": "id:secret",
+                "header.X-Tenant": "a",
+                "s3.endpoint": "http://minio:9000",
+                "s3.access-key-id": "key",
+                "s3.secret-access-key": "secret",
+                "s3.region": "eu-west-1",
+            }
+        ),
+        env={},
+    )
+    conf = catalog_conf(config, "lake")
+    assert conf["spark.sql.catalog.lake"] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf["spark.sql.catalog.lake.type"] == "rest"
+    assert conf["spark.sql.catalog.lake.uri"] == "http://rest:8181"
+    assert conf["spark.sql.catalog.lake.credential"] == "id:secret"
+    assert conf["spark.sql.catalog.lake.header.X-Tenant"] == "a"
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+    assert conf["spark.sql.catalog.lake.s3.path-style-access"] == "true"
+    assert conf["spark.sql.catalog.lake.client.region"] == "eu-west-1"
+    assert conf["spark.sql.defaultCatalog"] == "lake"
+
+
+def test_a_catalog_spark_does_not_know_needs_maintenance_spark_catalog() -> None:
+    sql = with_(catalog={"type": "sql", "uri": "postgresql+psycopg://u@h/db", "warehouse": "s3://b/w"})
+    with pytest.raises(ConfigError, match=r"maintenance\.spark_catalog"):
+        catalog_conf(parse_config(sql, env={}))
+    jdbc = {"type": "jdbc", "uri": "jdbc:postgresql://h/db", "jdbc.user": "u"}
+    conf = catalog_conf(parse_config({**sql, "maintenance": {"spark_catalog": jdbc}}, env={}), "c")
+    assert conf["spark.sql.catalog.c.type"] == "jdbc"
+    assert conf["spark.sql.catalog.c.uri"] == "jdbc:postgresql://h/db"  # the given value wins
+
+
+def test_jar_files_without_icebergs_runtime_are_refused_before_spark_starts(tmp_path: Path) -> None:
+    jar = tmp_path / "kafka.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        for cls, _ in spark_jars.REQUIRED_CLASSES:
+            z.writestr(cls.replace(".", "/") + ".class", b"")
+    jars = spark_jars.resolve(SparkConfig(), {spark_jars.JARS_ENV: str(jar)}, iceberg=True)
+    with pytest.raises(spark_jars.SparkJarsError, match="iceberg-spark-runtime"):
+        spark_jars.check_files(jars)
+    spark_jars.check_files(spark_jars.resolve(SparkConfig(), {spark_jars.JARS_ENV: str(jar)}))
+
+
+def test_compaction_is_due_by_delete_files_commits_or_age() -> None:
+    settings, task = MaintenanceConfig(), Compact()
+    assert task.due(health(), settings, False, NOW) is None
+    assert "delete files" in (task.due(health(delete_files=20), settings, False, NOW) or "")
+    assert "commits" in (task.due(health(commits_since_compaction=200), settings, False, NOW) or "")
+    old = health(delete_files=1, first_snapshot=NOW - timedelta(hours=2))
+    assert "max_age" in (task.due(old, settings, False, NOW) or "")
+    compacted_lately = health(
+        delete_files=1, last_compaction=NOW - timedelta(minutes=1), first_snapshot=NOW - timedelta(days=1)
+    )
+    assert task.due(compacted_lately, settings, False, NOW) is None
+
+
+def test_maintain_once_compacts_whatever_holds_a_delete_or_small_files() -> None:
+    settings, task = MaintenanceConfig(), Compact()
+    assert task.due(health(delete_files=1), settings, True, NOW) == "maintain --once"
+    assert task.due(health(data_files=1), settings, True, NOW) is None  # nothing to do
+    assert task.due(health(data_files=0), settings, True, NOW) is None
+    off = MaintenanceConfig(compaction={"enabled": False})  # type: ignore[arg-type]
+    assert task.due(health(delete_files=50), off, True, NOW) is None
+
+
+def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
+    settings = MaintenanceConfig()
+    assert ExpireSnapshots().due(health(snapshots=100), settings, False, NOW) is None
+    assert ExpireSnapshots().due(health(snapshots=101), settings, False, NOW) is not None
+    assert RewriteManifests().due(health(manifests=100), settings, False, NOW) is None
+    assert RewriteManifests().due(health(manifests=101), settings, False, NOW) is not None
+    assert RewriteManifests().due(health(manifests=3), settings, True, NOW) is not None
+    orphans = RemoveOrphans()
+    assert orphans.due(health(), settings, False, NOW) is not None  # never looked: due
+    orphans.last_run["ns.t"] = NOW - timedelta(hours=1)
+    assert orphans.due(health(), settings, False, NOW) is None  # orphans.interval is 6h
+    assert orphans.due(health(), settings, True, NOW) == "maintain --once"
