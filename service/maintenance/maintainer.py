@@ -105,21 +105,36 @@ class Maintainer:
         return [self.maintain(identifier, force) for identifier in tables]
 
     def run_forever(self, stop: threading.Event) -> None:
-        """A pass every ``maintenance.interval`` until ``stop`` is set (SIGTERM)."""
+        """A pass every ``maintenance.interval`` until ``stop`` is set (SIGTERM). A pass that fails as a
+        whole (the catalog or the txnlog unreachable) is logged and the next one tries again; a fenced
+        maintainer stops."""
         interval = self.config.maintenance.interval.total_seconds()
         while not stop.is_set():
-            self.run_once(force=False)
+            try:
+                self.run_once(force=False)
+            except Fenced:
+                raise
+            except Exception as exc:
+                logger.error("maintenance pass failed, trying again in %.0f s: %s", interval, brief(exc))
             stop.wait(interval)
 
     def maintain(self, identifier: str, force: bool) -> TableRun:
+        """One table's pass. A failure of the table itself (its lease row, the catalog) or of one task
+        is recorded in the run (task ``table`` for the former) and counted; the other tasks and the
+        other tables still run."""
         run = TableRun(identifier)
         try:
             lease = TableLease(self.log, self.config.sink_id, identifier, self.owner)
+            health = run.before = self._health(identifier)
         except TableBusy as exc:
             logger.info("maintenance of %s skipped: %s", identifier, exc)
             run.skipped = str(exc)
             return run
-        health = run.before = self._health(identifier)
+        except Fenced:
+            raise
+        except Exception as exc:
+            self._failed(run, "table", exc)
+            return run
         for task in self.tasks:
             reason = task.due(health, self.config.maintenance, force, datetime.now(UTC))
             if reason is None:
@@ -127,14 +142,13 @@ class Maintainer:
             started = time.monotonic()
             try:
                 result = self._run(lease, task, identifier)
+                seconds = time.monotonic() - started
+                health = self._health(identifier)
             except Fenced:
                 raise
             except Exception as exc:
-                run.failed[task.name] = brief(exc)
-                self.metrics.maintenance_failed(identifier, task.name, error_type(exc))
-                logger.error("maintenance of %s: %s failed: %s", identifier, task.name, brief(exc))
+                self._failed(run, task.name, exc)
                 continue
-            seconds = time.monotonic() - started
             self.metrics.maintenance_task(identifier, task.name, seconds, result)
             run.tasks[task.name] = {"reason": reason, "seconds": round(seconds, 3), **_counts(result)}
             logger.info(
@@ -150,13 +164,17 @@ class Maintainer:
                 result.bytes_rewritten,
                 result.snapshots_expired,
             )
-            health = self._health(identifier)
         run.after = health
         if run.tasks or run.failed:
             lease.record(
                 {"tasks": run.tasks, "failed": run.failed, "health": health.to_json(), "epoch": lease.epoch}
             )
         return run
+
+    def _failed(self, run: TableRun, task: str, exc: BaseException) -> None:
+        run.failed[task] = brief(exc)
+        self.metrics.maintenance_failed(run.table, task, error_type(exc))
+        logger.error("maintenance of %s: %s failed: %s", run.table, task, brief(exc))
 
     def _health(self, identifier: str) -> TableHealth:
         health = table_health(self.catalog.load_table(identifier), identifier)
