@@ -15,10 +15,10 @@ _SIZE_UNITS = {
     "mib": 1024**2,
     "gib": 1024**3,
 }
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 
 
 def parse_size(value: str | int) -> int:
@@ -35,12 +35,12 @@ def parse_size(value: str | int) -> int:
 
 
 def parse_duration(value: str | int | float | timedelta) -> timedelta:
-    """Return a timedelta for ``250ms``, ``10s``, ``5m``, ``1h`` (a bare number means seconds)."""
+    """Return a timedelta for ``250ms``, ``10s``, ``5m``, ``1h``, ``1d`` (a bare number means seconds)."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, int | float):
         return timedelta(seconds=value)
     match = _DURATION_RE.match(value)
     if match is None:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 10s, 5m, 1h)")
+        raise ValueError(f"not a duration: {value!r} (use e.g. 250ms, 10s, 5m, 1h, 1d)")
     return timedelta(seconds=float(match.group(1)) * _DURATION_UNITS[match.group(2)])

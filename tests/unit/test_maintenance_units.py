@@ -58,12 +58,19 @@ def test_an_orphan_age_under_ten_minutes_is_refused_at_start_up() -> None:
 
 def test_durations_and_sizes_parse() -> None:
     settings = parse_config(
-        with_(maintenance={"interval": "30s", "compaction": {"target_file_size": "64MiB", "max_age": "2h"}}),
+        with_(
+            maintenance={
+                "interval": "30s",
+                "compaction": {"target_file_size": "64MiB", "max_age": "2h"},
+                "expiry": {"older_than": "2d"},
+            }
+        ),
         env={},
     ).maintenance
     assert settings.interval == timedelta(seconds=30)
     assert settings.compaction.target_file_size == 64 * 1024 * 1024
     assert settings.compaction.max_age == timedelta(hours=2)
+    assert settings.expiry.older_than == timedelta(days=2)
 
 
 def test_rest_catalog_on_s3_maps_to_sparks_iceberg_catalog() -> None:
