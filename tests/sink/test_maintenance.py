@@ -56,14 +56,24 @@ def _maintain(sink: Sink, *args: str, env: dict[str, str | None] | None = None) 
     return out
 
 
+def _metadata_files(sink: Sink) -> list[str]:
+    from service.orphans import list_files
+
+    table = _catalog(sink).load_table(sink.table)
+    listed = list_files(table.io, table.metadata.location.rstrip("/") + "/metadata")
+    return [f.path for f in listed if f.path.endswith(".metadata.json")]
+
+
 def test_maintain_once_applies_every_delete_and_keeps_the_rows(make_sink: Any, spark: Any) -> None:
-    sink = _many_small_commits(make_sink)
+    sink = _many_small_commits(make_sink, metadata_versions=3)
     before = _health(sink)
     assert before.delete_files >= 10 and before.snapshots >= 10, before  # the state maintenance is for
     assert_rows(spark, sink.table, sink.source.expected_rows())
     props = _catalog(sink).load_table(sink.table).properties
     assert props["write.metadata.delete-after-commit.enabled"] == "true"
-    assert props["write.metadata.previous-versions-max"] == "20"
+    assert props["write.metadata.previous-versions-max"] == "3"
+    # The catalog deleted the metadata files of all but the last few commits as it went.
+    assert len(_metadata_files(sink)) <= 4 < before.snapshots
 
     time.sleep(1.5)  # every snapshot but the newest two is now older than expiry.older_than
     report = _maintain(sink)
