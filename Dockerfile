@@ -1,16 +1,18 @@
 # syntax=docker/dockerfile:1
-# icesink: one image for the sink (`icesink run`) and its CLI (`icesink status`, `icesink check`).
+# icesink: one image for the sink (`icesink run`), its table maintenance (`icesink maintain`) and its CLI
+# (`icesink status`, `icesink check`).
 #
 #   docker build -t icesink .                        # the sink image (default target: runtime)
 #   docker build --target query -t icesink-query .   # + DuckDB, to look at the tables (compose demo)
 #
-# Stages: jars (Spark's Kafka source from Maven Central, SHA-256 checked) and build (wheel + venv) feed
-# runtime-base (python slim + JRE 17, non-root); query adds DuckDB; runtime is the default, last stage.
+# Stages: jars (Spark's Kafka source, Iceberg's Spark runtime and AWS bundle from Maven Central, SHA-256
+# checked) and build (wheel + venv) feed runtime-base (python slim + JRE 17, non-root); query adds
+# DuckDB; runtime is the default, last stage.
 # No secret is baked in: credentials come from the environment at run time (docs/operations.md).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# ---- jars: the Spark jars the job needs on top of pyspark ------------------------------------------
+# ---- jars: the Spark jars the jobs need on top of pyspark -----------------------------------------
 FROM ${PYTHON_IMAGE} AS jars
 ARG MAVEN_REPO=https://repo1.maven.org/maven2
 RUN apt-get update \
@@ -57,7 +59,7 @@ ENV PATH=/opt/icesink/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/icesink \
-    ICESINK_SPARK_JARS=/opt/icesink/jars/spark-sql-kafka-0-10_2.13-4.1.3.jar,/opt/icesink/jars/spark-token-provider-kafka-0-10_2.13-4.0.0.jar,/opt/icesink/jars/kafka-clients-3.9.1.jar,/opt/icesink/jars/commons-pool2-2.12.1.jar \
+    ICESINK_SPARK_JARS=/opt/icesink/jars/spark-sql-kafka-0-10_2.13-4.1.3.jar,/opt/icesink/jars/spark-token-provider-kafka-0-10_2.13-4.0.0.jar,/opt/icesink/jars/kafka-clients-3.9.1.jar,/opt/icesink/jars/commons-pool2-2.12.1.jar,/opt/icesink/jars/iceberg-spark-runtime-4.1_2.13-1.11.0.jar,/opt/icesink/jars/iceberg-aws-bundle-1.11.0.jar \
     SPARK_SUBMIT_OPTS=-Dlog4j2.configurationFile=/opt/icesink/conf/log4j2-text.properties \
     ICESINK_HEALTH__PORT=8080
 WORKDIR /home/icesink

@@ -1,6 +1,6 @@
 """The Dockerfile, checked without a Docker engine: what it copies exists and is in the build context,
-the jars it bakes in are the ones the job needs (and their download step works), the runtime is
-hardened (non-root, health check, no secrets)."""
+the jars it bakes in are the ones `icesink run` and `icesink maintain` need (and their download step
+works), the runtime is hardened (non-root, health check, no secrets)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 from ops_helpers import REPO
 
-from service.spark_jars import TOKEN_PROVIDER_VERSION, kafka_source_coordinates
+from service.config import SparkConfig
+from service.spark_jars import (
+    JARS_ENV,
+    TOKEN_PROVIDER_VERSION,
+    check_files,
+    iceberg_coordinates,
+    kafka_source_coordinates,
+    resolve,
+)
 
 DOCKERFILE = REPO / "Dockerfile"
 JAR_LIST = REPO / "deploy" / "docker" / "spark-jars.txt"
@@ -197,7 +205,7 @@ def test_the_wheel_build_has_every_package_file(dockerfile: Dockerfile) -> None:
 def test_the_jars_are_the_ones_the_job_needs(dockerfile: Dockerfile) -> None:
     entries = jar_list()
     coords = {(g, a, v) for g, a, v, _ in entries}
-    # the same Kafka source set as the dev stack's (minus the Iceberg jars, which only readers use)
+    # the same set as the dev stack's: the Kafka source and what it needs, Iceberg's Spark runtime and AWS bundle
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     pom = ET.parse(DEV_POM).getroot()
     props = {el.tag.split("}")[1]: el.text for el in pom.find("m:properties", ns) or []}
@@ -205,8 +213,7 @@ def test_the_jars_are_the_ones_the_job_needs(dockerfile: Dockerfile) -> None:
     for dep in pom.iterfind("m:dependencies/m:dependency", ns):
         g, a, v = (dep.findtext(f"m:{k}", namespaces=ns) or "" for k in ("groupId", "artifactId", "version"))
         v = re.sub(r"\$\{([^}]+)\}", lambda m: props[m.group(1)] or "", v)
-        if g != "org.apache.iceberg":
-            dev.add((g, a, v))
+        dev.add((g, a, v))
     assert coords == dev, (
         f"deploy/docker/spark-jars.txt {sorted(coords)} != dev/maven/spark/pom.xml {sorted(dev)}"
     )
@@ -217,6 +224,9 @@ def test_the_jars_are_the_ones_the_job_needs(dockerfile: Dockerfile) -> None:
     # the token provider the sink fetches when no jar files are named is the image's
     token_provider = kafka_source_coordinates()[1].split(":")
     assert (*token_provider, TOKEN_PROVIDER_VERSION) in coords
+    # `icesink maintain` needs the Iceberg jars it would fetch by Maven coordinates without jar files
+    for coordinate in iceberg_coordinates():
+        assert tuple(coordinate.split(":")) in coords, f"{coordinate} is missing from {JAR_LIST.name}"
     # ICESINK_SPARK_JARS names exactly these files where the jars stage puts them
     env = " ".join(i.args for i in dockerfile.of("ENV", "runtime-base"))
     match = re.search(r"ICESINK_SPARK_JARS=(\S+)", env)
@@ -245,6 +255,10 @@ def test_fetch_jars_downloads_and_verifies(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "jars").iterdir()) == sorted(
         f"{a}-{v}.jar" for _, a, v, _ in jar_list()
     )
+    # as the image names them in ICESINK_SPARK_JARS, they hold every class the sink and the maintainer load
+    environ = {JARS_ENV: ",".join(str(p) for p in sorted((tmp_path / "jars").iterdir()))}
+    for iceberg in (False, True):
+        check_files(resolve(SparkConfig(), environ, iceberg=iceberg))
     tampered = tmp_path / "tampered.txt"
     g, a, v, _sha = jar_list()[0]
     tampered.write_text(f"{g}:{a}:{v} {'0' * 64}\n")
