@@ -1,8 +1,9 @@
 """The Helm chart, checked offline: scripts/check-chart (helm lint, helm template for every
 deploy/helm/icesink/ci/*.yaml, kubeconform and kubernetes-validate against bundled schemas), then the
 rendered manifests against what the sink needs: a valid sink.yaml, hardened pods, probes on the health
-endpoints, credentials only from the Secret, RBAC and a token only in Spark-on-Kubernetes mode.
-Bad values must fail at install time (values.schema.json and the chart's own checks).
+endpoints, credentials only from the Secret, RBAC and a token only in Spark-on-Kubernetes mode; and,
+with maintenance enabled, a CronJob or a second Deployment running `icesink maintain` in a pod like the
+sink's. Bad values must fail at install time (values.schema.json and the chart's own checks).
 
 Never skipped: scripts/check-chart builds helm and kubeconform with `go install` when they are missing.
 """
@@ -20,7 +21,8 @@ import pytest
 import yaml
 from ops_helpers import REPO
 
-from service.config import load_config, parse_config
+from service.config import SinkConfig, load_config, parse_config
+from service.maintenance.spark import catalog_conf
 
 CHART = REPO / "deploy" / "helm" / "icesink"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
@@ -55,6 +57,36 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def pod_template(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod template of a Deployment or a CronJob."""
+    spec = workload["spec"]
+    template: dict[str, Any] = (spec["jobTemplate"]["spec"] if workload["kind"] == "CronJob" else spec)[
+        "template"
+    ]
+    return template
+
+
+def workload(docs: list[dict[str, Any]], kind: str, component: str) -> dict[str, Any]:
+    """The one Deployment or CronJob whose pods are the given component (sink, maintenance)."""
+    found = [
+        d
+        for d in by_kind(docs, kind)
+        if pod_template(d)["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, f"expected one {kind} of component {component}, got {len(found)}"
+    return found[0]
+
+
+def component_of(doc: dict[str, Any]) -> str | None:
+    """The component label of a manifest's own metadata (the maintainer's objects carry one)."""
+    component: str | None = doc["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+    return component
+
+
+def sink_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return workload(docs, "Deployment", "sink")
+
+
 def values_of(name: str) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((CHART / "ci" / f"{name}.yaml").read_text())
     return data
@@ -72,6 +104,8 @@ def test_ci_values_cover_the_options() -> None:
         "spark-kubernetes-values",
         "bare-values",
         "multi-table-values",
+        "maintenance-cronjob-values",
+        "maintenance-deployment-values",
     } <= names
 
 
@@ -91,7 +125,7 @@ def test_a_multi_table_release_renders_its_routing(rendered: dict[str, list[dict
 def test_the_sink_config_is_valid_for_icesink(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
     docs = rendered[case]
     config_map = one(docs, "ConfigMap")
-    deployment = one(docs, "Deployment")
+    deployment = sink_deployment(docs)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env: dict[str, str] = {"POD_NAME": "icesink-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": "ns"}
     for item in container["env"]:
@@ -131,7 +165,7 @@ def test_the_sink_config_is_valid_for_icesink(rendered: dict[str, list[dict[str,
 @pytest.mark.parametrize("case", list(cases()))
 def test_the_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
     docs = rendered[case]
-    deployment = one(docs, "Deployment")
+    deployment = sink_deployment(docs)
     assert deployment["spec"]["replicas"] == 1
     pod = deployment["spec"]["template"]["spec"]
     k8s_mode = bool(values_of(case).get("spark", {}).get("kubernetes", {}).get("enabled"))
@@ -166,29 +200,42 @@ def test_the_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], case: st
 
 @pytest.mark.parametrize("case", list(cases()))
 def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
+    """Each selector picks the pods it is meant for: the sink's, or the maintainer's (its own
+    Deployment, Service and NetworkPolicy), never both."""
     docs = rendered[case]
-    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    pods = {
+        labels["app.kubernetes.io/component"]: labels
+        for kind in ("Deployment", "CronJob")
+        for labels in (pod_template(w)["metadata"]["labels"] for w in by_kind(docs, kind))
+    }
 
-    def selects(selector: dict[str, str]) -> bool:
-        return all(pod_labels.get(k) == v for k, v in selector.items())
+    def selected(selector: dict[str, str]) -> list[str]:
+        return [name for name, labels in pods.items() if all(labels.get(k) == v for k, v in selector.items())]
 
-    service = one(docs, "Service")
-    assert selects(service["spec"]["selector"])
-    assert selects(one(docs, "Deployment")["spec"]["selector"]["matchLabels"])
+    for deployment in by_kind(docs, "Deployment"):
+        component = pod_template(deployment)["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert selected(deployment["spec"]["selector"]["matchLabels"]) == [component]
+    services = by_kind(docs, "Service")
+    assert [selected(s["spec"]["selector"]) for s in services if component_of(s) is None] == [["sink"]]
+    for service in services:  # the sink's, and the maintainer's (metrics only) in Deployment mode
+        assert len(selected(service["spec"]["selector"])) == 1
     for pdb in by_kind(docs, "PodDisruptionBudget"):
-        assert selects(pdb["spec"]["selector"]["matchLabels"])
-    for policy in by_kind(docs, "NetworkPolicy"):
-        assert selects(policy["spec"]["podSelector"]["matchLabels"])
+        assert selected(pdb["spec"]["selector"]["matchLabels"]) == ["sink"]
+    policies = by_kind(docs, "NetworkPolicy")
+    for policy in policies:
+        assert len(selected(policy["spec"]["podSelector"]["matchLabels"])) == 1
         assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         dns = policy["spec"]["egress"][0]["ports"]
         assert {(p["port"], p["protocol"]) for p in dns} == {(53, "UDP"), (53, "TCP")}
+    if policies:  # every pod of the release is under a policy of its own
+        covered = [name for p in policies for name in selected(p["spec"]["podSelector"]["matchLabels"])]
+        assert sorted(covered) == sorted(pods)
     for monitor in by_kind(docs, "ServiceMonitor"):
-        assert all(
-            service["metadata"]["labels"].get(k) == v
-            for k, v in monitor["spec"]["selector"]["matchLabels"].items()
-        )
-        port_names = {p["name"] for p in service["spec"]["ports"]}
-        assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
+        for service in services:  # scrapes the sink's metrics and the maintainer's
+            labels = service["metadata"]["labels"]
+            assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+            port_names = {p["name"] for p in service["spec"]["ports"]}
+            assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
 
 
@@ -202,9 +249,13 @@ def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any
     assert by_kind(full, "ServiceMonitor") and not by_kind(minimal, "ServiceMonitor")
     assert not by_kind(bare, "NetworkPolicy") and not by_kind(bare, "PodDisruptionBudget")
     assert not by_kind(bare, "ServiceAccount")
-    assert one(bare, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "icesink-runner"
-    assert one(full, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
-    assert one(minimal, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert sink_deployment(bare)["spec"]["template"]["spec"]["serviceAccountName"] == "icesink-runner"
+    assert sink_deployment(full)["spec"]["strategy"] == {"type": "Recreate"}
+    assert sink_deployment(minimal)["spec"]["strategy"]["type"] == "RollingUpdate"
+    # maintenance only when enabled
+    for docs in (full, bare, k8s, minimal):
+        assert not by_kind(docs, "CronJob") and len(by_kind(docs, "Deployment")) == 1
+        assert "maintain.yaml" not in one(docs, "ConfigMap")["data"]
     assert one(full, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert one(minimal, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     # locked-down egress lists the destinations; the default allows any egress
@@ -234,6 +285,124 @@ def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any
     assert executor["command"] == ["/opt/icesink/bin/spark-executor"]
     assert "/opt/icesink/bin/spark-executor" in (REPO / "Dockerfile").read_text()
     assert executor["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+MAINTENANCE_CASES = {"maintenance-cronjob-values": "cronjob", "maintenance-deployment-values": "deployment"}
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """The variables a container sees, with placeholders for the Secret's keys and the pod's fields."""
+    env: dict[str, str] = {"POD_NAME": "icesink-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": "ns"}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "secretKeyRef" in item["valueFrom"]:
+            env[item["name"]] = "postgresql://u@db/icesink" if "DSN" in item["name"] else f"<{item['name']}>"
+    return env
+
+
+def config_file(
+    config_map: dict[str, Any], args: list[str], env: dict[str, str], tmp_path: Path
+) -> SinkConfig:
+    """The configuration a container's `--config /etc/icesink/<key>` reads from the mounted ConfigMap."""
+    path = args[args.index("--config") + 1]
+    assert path.startswith("/etc/icesink/"), path
+    file = tmp_path / path.removeprefix("/etc/icesink/")
+    file.write_text(config_map["data"][file.name])
+    return load_config(file, env=env)
+
+
+@pytest.mark.parametrize(("case", "mode"), sorted(MAINTENANCE_CASES.items()))
+def test_the_maintainer_runs_icesink_maintain_like_the_sink(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path, case: str, mode: str
+) -> None:
+    """maintenance.enabled: a CronJob (`--once`) or a second Deployment (looping) runs `icesink maintain`
+    for the same sink, in a pod with the sink's configuration, Secret references, volumes and hardening."""
+    docs, values = rendered[case], values_of(case)
+    kind = "CronJob" if mode == "cronjob" else "Deployment"
+    maintainer, sink = workload(docs, kind, "maintenance"), sink_deployment(docs)
+    pod, sink_pod = pod_template(maintainer)["spec"], pod_template(sink)["spec"]
+    (container,) = pod["containers"]
+    (sink_container,) = sink_pod["containers"]
+    once = ["--once"] if mode == "cronjob" else []
+    assert container["args"] == ["maintain", *once, "--config", "/etc/icesink/maintain.yaml"]
+    assert container["image"] == sink_container["image"]
+    # the sink's environment (credentials as references to the same Secret keys), envFrom and volumes
+    assert container["env"] == sink_container["env"]
+    assert container.get("envFrom") == sink_container.get("envFrom")
+    assert container["volumeMounts"] == sink_container["volumeMounts"]
+    assert pod["volumes"] == sink_pod["volumes"]
+    secret = values["credentials"]["existingSecret"]
+    refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert refs == {name: {"name": secret, "key": key} for name, key in values["credentials"]["env"].items()}
+    for item in container["env"]:
+        if "value" in item:
+            assert not any(w in item["name"] for w in ("PASSWORD", "SECRET", "DSN", "TOKEN", "KEY")), item
+    # the same hardening and identity, without the service account token (local-mode Spark)
+    assert container["securityContext"] == sink_container["securityContext"]
+    for key in ("securityContext", "serviceAccountName", "enableServiceLinks"):
+        assert pod[key] == sink_pod[key], key
+    assert pod["automountServiceAccountToken"] is False
+    assert "livenessProbe" not in container and "readinessProbe" not in container  # no health endpoint
+    assert container["resources"] == values["maintenance"]["resources"]
+    # maintain.yaml: the sink's configuration, Spark in local mode with the maintainer's driver memory
+    config_map = one(docs, "ConfigMap")
+    env = container_env(container)
+    config = config_file(config_map, container["args"], env, tmp_path)
+    sink_config = config_file(config_map, sink_container["args"], env, tmp_path)
+    for section in ("sink_id", "kafka", "table", "tables", "catalog", "txnlog", "maintenance", "log"):
+        assert getattr(config, section) == getattr(sink_config, section), section
+    assert config.spark.master == values["maintenance"]["spark"]["master"]
+    assert config.spark.conf["spark.driver.memory"] == values["maintenance"]["spark"]["driverMemory"]
+    assert not any(
+        k.startswith(("spark.kubernetes.", "spark.executor.", "spark.driver.host")) for k in config.spark.conf
+    )
+    assert config.spark.conf["spark.local.dir"] == next(
+        e["value"] for e in container["env"] if e["name"] == "SPARK_LOCAL_DIRS"
+    )
+    catalog_conf(config)  # the catalog maps to a Spark Iceberg catalog (else `icesink maintain` exits 2)
+    for key, value in values["config"].get("maintenance", {}).get("spark_catalog", {}).items():
+        assert catalog_conf(config)[f"spark.sql.catalog.icesink.{key}"] == value
+    assert pod_template(maintainer)["metadata"]["annotations"]["checksum/config"]
+    policies = {
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p["spec"]
+        for p in by_kind(docs, "NetworkPolicy")
+    }
+    policy, sink_policy = policies["maintenance"], policies["sink"]
+    if not values.get("spark", {}).get("kubernetes", {}).get("enabled"):
+        assert policy["egress"] == sink_policy["egress"]
+    metrics_port = {p["name"]: p["containerPort"] for p in container.get("ports", [])}.get("metrics")
+    if mode == "cronjob":
+        cron = maintainer["spec"]
+        assert cron["concurrencyPolicy"] == "Forbid"
+        assert cron["schedule"] == values["maintenance"]["schedule"]
+        assert cron.get("timeZone") == values["maintenance"].get("timeZone")
+        job = cron["jobTemplate"]["spec"]
+        assert job["backoffLimit"] == 0
+        assert job["activeDeadlineSeconds"] == values["maintenance"].get("activeDeadlineSeconds", 3600)
+        fail_job = next(r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+        assert fail_job["onExitCodes"] == {"containerName": "maintain", "operator": "In", "values": [2, 3]}
+        assert pod["restartPolicy"] == "Never"
+        # nobody scrapes a Job's pod: no Prometheus endpoint, metrics by OTLP, no ingress at all
+        assert config.metrics.prometheus_port is None and metrics_port is None
+        assert config.metrics.otlp_endpoint == values["metrics"]["otlp"]["endpoint"]
+        assert policy["ingress"] == []
+        assert not [d for d in by_kind(docs, "Service") if component_of(d) == "maintenance"]
+    else:
+        spec = maintainer["spec"]
+        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+        assert config.metrics.prometheus_port == metrics_port == sink_config.metrics.prometheus_port
+        service = next(d for d in by_kind(docs, "Service") if component_of(d) == "maintenance")
+        assert service["spec"]["ports"] == [
+            {"name": "metrics", "port": metrics_port, "targetPort": "metrics", "protocol": "TCP"}
+        ]
+        assert [p["port"] for rule in policy["ingress"] for p in rule["ports"]] == ["metrics"]
+        # beside a Spark-on-Kubernetes sink: the sink is the driver, the maintainer is not
+        assert sink_config.spark.master.startswith("k8s://") and config.spark.master.startswith("local")
 
 
 BASE = {
@@ -352,6 +521,45 @@ def test_a_template_sink_needs_no_key(rendered: dict[str, list[dict[str, Any]]],
         ("bad log format", {"config": {"log": {"format": "xml"}}}, "format"),
         ("root user", {"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
         ("spark scratch in /tmp", {"scratch": {"sparkLocal": {"path": "/tmp/spark"}}}, "path"),
+        (
+            "a maintenance mode the chart lacks",
+            {"maintenance": {"enabled": True, "mode": "daemonset"}},
+            "mode",
+        ),
+        (
+            "a schedule that is no cron expression",
+            {"maintenance": {"enabled": True, "schedule": "hourly"}},
+            "schedule",
+        ),
+        (
+            "a time zone inside the schedule",
+            {"maintenance": {"enabled": True, "schedule": "CRON_TZ=UTC 0 * * * *"}},
+            "schedule",
+        ),
+        (
+            "a maintainer's Spark off the pod",
+            {"maintenance": {"spark": {"master": "k8s://https://k:443"}}},
+            "master",
+        ),
+        ("maintenance resources of another shape", {"maintenance": {"resources": {"cpu": "1"}}}, "cpu"),
+        (
+            "a literal secret in the maintainer's Spark catalog",
+            {"config": {"maintenance": {"spark_catalog": {"s3.secret-access-key": "abc"}}}},
+            "secret-access-key",
+        ),
+        (
+            "an unknown maintenance setting",
+            {"config": {"maintenance": {"compaction": {"threshold": 3}}}},
+            "threshold",
+        ),
+        (
+            "a catalog Spark's Iceberg catalogs don't know, undescribed",
+            {
+                "config": {"catalog": {"type": "sql", "uri": "${CATALOG_URI}"}},
+                "maintenance": {"enabled": True},
+            },
+            "maintenance: the catalog type sql has no Spark equivalent icesink knows",
+        ),
     ],
 )
 def test_bad_values_fail_at_install_time(
@@ -360,3 +568,40 @@ def test_bad_values_fail_at_install_time(
     res = helm_template(merged(patch), tmp_path)
     assert res.returncode != 0, f"{why}: helm template accepted {patch}"
     assert message in res.stderr, f"{why}: the error should name {message!r}:\n{res.stderr}"
+
+
+def test_maintenance_options_render(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """A catalog described to Spark in config.maintenance.spark_catalog (its secret a ${VAR} reference),
+    and a looping maintainer without a Prometheus endpoint: no metrics port, Service or ingress."""
+    patch = {
+        "config": {
+            "catalog": {"type": "sql", "uri": "${CATALOG_URI}"},
+            "maintenance": {
+                "interval": "15m",
+                "spark_catalog": {
+                    "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+                    "uri": "jdbc:postgresql://db/catalog",
+                    "jdbc.password": "${CATALOG_PASSWORD}",
+                },
+            },
+        },
+        "credentials": {"env": {"CATALOG_URI": "catalog-uri", "CATALOG_PASSWORD": "catalog-password"}},
+        "maintenance": {"enabled": True, "mode": "deployment"},
+        "metrics": {"prometheus": {"enabled": False}},
+    }
+    res = helm_template(merged(patch), tmp_path)
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    maintainer = workload(docs, "Deployment", "maintenance")
+    (container,) = pod_template(maintainer)["spec"]["containers"]
+    assert "ports" not in container
+    assert [component_of(d) for d in by_kind(docs, "Service")] == [None]  # the sink's only
+    policy = next(p for p in by_kind(docs, "NetworkPolicy") if component_of(p) == "maintenance")
+    assert policy["spec"]["ingress"] == []
+    env = {**container_env(container), "CATALOG_PASSWORD": "pw"}
+    config = config_file(one(docs, "ConfigMap"), container["args"], env, tmp_path)
+    assert config.maintenance.interval.total_seconds() == 900 and config.metrics.prometheus_port is None
+    spark = catalog_conf(config)
+    assert spark["spark.sql.catalog.icesink.catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
+    assert spark["spark.sql.catalog.icesink.jdbc.password"] == "pw"  # from the Secret, at run time
+    assert "jdbc.password: ${CATALOG_PASSWORD}" in one(docs, "ConfigMap")["data"]["maintain.yaml"]
