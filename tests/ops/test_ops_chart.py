@@ -215,6 +215,11 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
     for deployment in by_kind(docs, "Deployment"):
         component = pod_template(deployment)["metadata"]["labels"]["app.kubernetes.io/component"]
         assert selected(deployment["spec"]["selector"]["matchLabels"]) == [component]
+    for kind in ("Deployment", "CronJob"):  # `kubectl get deployment -l ...component=sink` (k8s-chaos.sh)
+        for workload_ in by_kind(docs, kind):
+            assert component_of(workload_) == component_of(pod_template(workload_)), workload_["metadata"]
+    chaos = (REPO / "scripts" / "k8s-chaos.sh").read_text()
+    assert 'selector="app.kubernetes.io/instance=$release,app.kubernetes.io/component=sink"' in chaos
     services = by_kind(docs, "Service")
     assert [selected(s["spec"]["selector"]) for s in services if component_of(s) is None] == [["sink"]]
     for service in services:  # the sink's, and the maintainer's (metrics only) in Deployment mode
