@@ -577,12 +577,14 @@ def test_bad_values_fail_at_install_time(
 
 def test_maintenance_options_render(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     """A catalog described to Spark in config.maintenance.spark_catalog (its secret a ${VAR} reference),
-    and a looping maintainer without a Prometheus endpoint: no metrics port, Service or ingress."""
+    durations in days, and a looping maintainer without a Prometheus endpoint: no metrics port, Service
+    or ingress."""
     patch = {
         "config": {
             "catalog": {"type": "sql", "uri": "${CATALOG_URI}"},
             "maintenance": {
                 "interval": "15m",
+                "expiry": {"older_than": "2d"},
                 "spark_catalog": {
                     "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
                     "uri": "jdbc:postgresql://db/catalog",
@@ -606,6 +608,7 @@ def test_maintenance_options_render(rendered: dict[str, list[dict[str, Any]]], t
     env = {**container_env(container), "CATALOG_PASSWORD": "pw"}
     config = config_file(one(docs, "ConfigMap"), container["args"], env, tmp_path)
     assert config.maintenance.interval.total_seconds() == 900 and config.metrics.prometheus_port is None
+    assert config.maintenance.expiry.older_than.total_seconds() == 2 * 86400
     spark = catalog_conf(config)
     assert spark["spark.sql.catalog.icesink.catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
     assert spark["spark.sql.catalog.icesink.jdbc.password"] == "pw"  # from the Secret, at run time
