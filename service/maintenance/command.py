@@ -6,6 +6,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from datetime import timedelta
 
 from service.config import ConfigError, SinkConfig
@@ -20,6 +21,7 @@ LEASE_WAIT = timedelta(seconds=5)
 
 def maintain(config: SinkConfig, once: bool) -> int:
     from service import failpoints
+    from service.health import Health
     from service.iceberg.tables import open_catalog
     from service.maintenance.maintainer import Maintainer
     from service.maintenance.spark import CATALOG, catalog_conf
@@ -44,14 +46,25 @@ def maintain(config: SinkConfig, once: bool) -> int:
     metrics = setup_metrics(config.metrics, config.sink_id, "")
     log = open_txnlog(config, "maintain", lock_timeout=LEASE_WAIT)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def request_stop(*_: object) -> None:
+        logger.info("stop requested: finishing the task in flight, then exiting")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     maintainer = Maintainer(
-        config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain")
+        config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain"), stop=stop
     )
+    health = Health()
     try:
         if not once:
-            maintainer.run_forever(stop)
+            if config.health.port is not None:
+                health.serve(config.health.host, config.health.port)
+            # /healthz answers while the process lives; /readyz once a pass has finished.
+            maintainer.run_forever(
+                on_pass=lambda: health.set_ready(state="maintaining", last_pass=time.time())
+            )
             return EXIT_OK
         runs = maintainer.run_once(force=True)
     except Fenced as exc:
@@ -59,6 +72,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
         logger.error("stopping: a newer maintainer took over (%s); this one committed nothing more", exc)
         return EXIT_FENCED
     finally:
+        health.close()
         log.close()
         spark.stop()
     print(json.dumps({"sink_id": config.sink_id, "tables": [r.to_json() for r in runs]}, indent=2))

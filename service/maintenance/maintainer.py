@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,9 @@ class Maintainer:
         metrics: SinkMetrics,
         owner: str,
         tasks: list[Task] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        """``stop`` (set by SIGTERM) ends the work after the task in flight: no further task or table."""
         self.config = config
         self.spark = spark
         self.spark_catalog = spark_catalog
@@ -92,6 +95,7 @@ class Maintainer:
         self.metrics = metrics
         self.owner = owner
         self.tasks = tasks if tasks is not None else default_tasks()
+        self.stop = stop or threading.Event()
 
     def tables(self) -> list[str]:
         from service.operator import existing_sink_tables
@@ -102,21 +106,28 @@ class Maintainer:
         """One pass over every table; ``force``: every task with anything to do, whatever the thresholds."""
         tables = self.tables()
         logger.info("maintenance pass over %d table(s) of sink %s", len(tables), self.config.sink_id)
-        return [self.maintain(identifier, force) for identifier in tables]
+        runs: list[TableRun] = []
+        for identifier in tables:
+            if self.stop.is_set():
+                logger.info("stop requested: %d table(s) left for the next pass", len(tables) - len(runs))
+                break
+            runs.append(self.maintain(identifier, force))
+        return runs
 
-    def run_forever(self, stop: threading.Event) -> None:
-        """A pass every ``maintenance.interval`` until ``stop`` is set (SIGTERM). A pass that fails as a
-        whole (the catalog or the txnlog unreachable) is logged and the next one tries again; a fenced
-        maintainer stops."""
+    def run_forever(self, on_pass: Callable[[], None] = lambda: None) -> None:
+        """A pass every ``maintenance.interval`` until ``stop`` is set (SIGTERM); ``on_pass`` after each
+        (the liveness probe). A pass that fails as a whole (the catalog or the txnlog unreachable) is
+        logged and the next one tries again; a fenced maintainer stops."""
         interval = self.config.maintenance.interval.total_seconds()
-        while not stop.is_set():
+        while not self.stop.is_set():
             try:
                 self.run_once(force=False)
             except Fenced:
                 raise
             except Exception as exc:
                 logger.error("maintenance pass failed, trying again in %.0f s: %s", interval, brief(exc))
-            stop.wait(interval)
+            on_pass()
+            self.stop.wait(interval)
 
     def maintain(self, identifier: str, force: bool) -> TableRun:
         """One table's pass. A failure of the table itself (its lease row, the catalog) or of one task
@@ -137,7 +148,7 @@ class Maintainer:
             return run
         for task in self.tasks:
             reason = task.due(health, self.config.maintenance, force, datetime.now(UTC))
-            if reason is None:
+            if reason is None or self.stop.is_set():
                 continue
             started = time.monotonic()
             try:

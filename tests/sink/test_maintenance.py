@@ -18,6 +18,7 @@ from pyiceberg.catalog import load_catalog
 from service.config import parse_config
 from service.maintenance.health import table_health
 from service.maintenance.lease import lease_id
+from tests.ops.ops_helpers import free_port, http_status
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
 from txnlog import Phase, TransactionLog
@@ -168,3 +169,15 @@ def test_a_sink_commit_that_conflicts_with_a_compaction_is_retried_on_top_of_it(
     assert run.wait(120) == 0, run.log()[-4000:]
     sink.run_until_caught_up()
     assert_rows(spark, sink.table, sink.source.expected_rows())
+
+
+def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any) -> None:
+    sink = _many_small_commits(make_sink, rounds=3, interval="1s")
+    port = free_port()
+    maintainer = sink.start_cli("maintain", env={"ICESINK_HEALTH__PORT": str(port)})
+    maintainer.wait_for_log("maintenance pass over 1 table(s)", timeout=180, count=2)
+    assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
+    assert http_status(f"http://127.0.0.1:{port}/readyz") == 200  # a pass has finished
+    maintainer.kill(signal.SIGTERM)
+    assert maintainer.wait(60) == 0, maintainer.log()[-3000:]
+    assert "stop requested" in maintainer.log()
