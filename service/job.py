@@ -47,7 +47,7 @@ from service.kafka.source import (
 )
 from service.metrics import SinkMetrics, setup_metrics
 from service.model.offsets import Offsets, merge_offsets
-from service.pipeline.held import HeldTables, TableCadence
+from service.pipeline.held import HeldTables
 from service.pipeline.result import TableWrite
 from service.pipeline.routes import Routes
 from service.pipeline.table import TABLE_FAILURES, ArrowTables, StopRequested, write_arrow_tables
@@ -78,7 +78,7 @@ class SinkJob:
         self.cadence = CommitCadence(config.commit.min_size, config.commit.max_period)
         commit = config.commit
         self.held = (  # a sink of many tables holding each table's changes until they are due
-            HeldTables(TableCadence(commit.table_min_records, commit.table_max_period), commit.concurrency)
+            HeldTables(CommitCadence(commit.table_min_records, commit.table_max_period), commit.concurrency)
             if commit.holds_tables
             else None
         )

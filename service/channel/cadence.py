@@ -22,6 +22,9 @@ from service.model.offsets import Offsets, merge_offsets
 
 @dataclass(frozen=True)
 class CommitCadence:
+    """``min_size``: bytes of Kafka values for the sink's buffer; Kafka records for a table's held
+    changes (``commit.table_min_records``, service.pipeline.held)."""
+
     min_size: int | None = None
     max_period: timedelta | None = None
 

@@ -24,29 +24,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import pyarrow as pa
 
+from service.channel.cadence import CommitCadence
 from service.data.arrow_batch import ArrowBatch
 from service.data.files import WriteSpec, write_files
 from service.model.offsets import Offsets
 from service.pipeline.result import TableWrite
 
 _RANK = "__icesink_held_rank"
-
-
-@dataclass(frozen=True)
-class TableCadence:
-    """When a table's held changes are due: enough of them, or the oldest held long enough."""
-
-    min_records: int | None = None
-    max_period: timedelta | None = None
-
-    def due(self, records: int, held_for: float) -> bool:
-        if self.min_records is not None and records >= self.min_records:
-            return True
-        return self.max_period is not None and held_for >= self.max_period.total_seconds()
 
 
 @dataclass
@@ -117,7 +105,7 @@ class HeldChanges:
 class HeldTables:
     """The held changes of a sink's tables, and the cadence that says when each is due."""
 
-    def __init__(self, cadence: TableCadence, concurrency: int) -> None:
+    def __init__(self, cadence: CommitCadence, concurrency: int) -> None:
         self.cadence = cadence
         self.concurrency = concurrency
         self._held: dict[str, HeldChanges] = {}

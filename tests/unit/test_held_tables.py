@@ -8,10 +8,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from service.channel.cadence import CommitCadence
 from service.config import ConfigError, load_config
 from service.data.arrow_batch import ArrowBatch
 from service.data.files import OP_COLUMN
-from service.pipeline.held import HeldChanges, HeldTables, TableCadence
+from service.pipeline.held import HeldChanges, HeldTables
 
 
 def _batch(ids: list[int], names: list[str], ops: list[str]) -> ArrowBatch:
@@ -48,7 +49,7 @@ def test_append_mode_keeps_every_held_row() -> None:
 
 
 def test_a_table_is_due_by_count_or_by_the_age_of_its_oldest_change() -> None:
-    tables = HeldTables(TableCadence(min_records=10, max_period=timedelta(seconds=30)), concurrency=2)
+    tables = HeldTables(CommitCadence(min_size=10, max_period=timedelta(seconds=30)), concurrency=2)
     assert tables.to_hold("lake.a", new_records=9)
     assert not tables.to_hold("lake.a", new_records=10)  # the batch alone is due: the tasks write it
     assert not tables.add("lake.a", _batch([1] * 4, ["x"] * 4, ["u"] * 4), {"a": {0: 4}}, now=100.0)
@@ -61,7 +62,7 @@ def test_a_table_is_due_by_count_or_by_the_age_of_its_oldest_change() -> None:
 
 
 def test_a_batch_of_only_markers_holds_nothing() -> None:
-    tables = HeldTables(TableCadence(min_records=10), concurrency=1)
+    tables = HeldTables(CommitCadence(min_size=10), concurrency=1)
     assert not tables.add("lake.a", ArrowBatch(), {"a": {0: 7}}, now=0.0)
     assert tables.tables() == [] and "lake.a" not in tables
 
