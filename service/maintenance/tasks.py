@@ -116,9 +116,11 @@ class Compact(Task):
 
     def run(self, ctx: TaskContext) -> TaskResult:
         cfg = ctx.settings.compaction
+        single_spec = _java_table(ctx).specs().size() == 1
         options = {
             "delete-file-threshold": "1",
-            "remove-dangling-deletes": "true",
+            # Right only when every delete shares its data files' spec: see _drop_dangling_unpartitioned_deletes.
+            "remove-dangling-deletes": "true" if single_spec else "false",
             "partial-progress.enabled": "true",
             "partial-progress.max-commits": "10",
             "max-concurrent-file-group-rewrites": str(cfg.max_concurrent_groups),
@@ -129,7 +131,7 @@ class Compact(Task):
             options["target-file-size-bytes"] = str(cfg.target_file_size)
         rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
-        dropped = _drop_unpartitioned_dangling_deletes(ctx)
+        dropped = _drop_dangling_unpartitioned_deletes(ctx)
         return TaskResult(
             files_rewritten=int(row.get("rewritten_data_files_count") or 0),
             files_added=int(row.get("added_data_files_count") or 0),
@@ -255,24 +257,30 @@ def _java_table(ctx: TaskContext) -> Any:
     return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(ctx.spark._jsparkSession, name)
 
 
-def _drop_unpartitioned_dangling_deletes(ctx: TaskContext) -> int:
-    """Remove the delete files of an unpartitioned table that apply to no live data file; returns the count.
+def _drop_dangling_unpartitioned_deletes(ctx: TaskContext) -> int:
+    """Remove the delete files written with an unpartitioned spec that apply to no live data file any
+    more; returns the count.
 
-    ``remove-dangling-deletes`` does this for partitioned tables only: for an unpartitioned one Iceberg
-    leaves it to the next commit that filters manifests, which drops only deletes strictly older than
-    every data file and never comes from a sink that commits through pyiceberg. After a compaction
-    every data file has the rewrite's starting sequence number S, and an equality delete applies only
-    to data files with a lower one, so every delete up to S is dead weight that readers still list.
-    Same rule as Iceberg's for partitions: an equality delete is dangling when its sequence number is
-    at most the lowest of the live data files, a position delete when it is lower. One ``RewriteFiles``
-    commit removes them; it fails, and nothing is removed, if the table moved meanwhile in a way that
-    conflicts (the next pass tries again).
+    Such deletes are an unpartitioned table's, and the *global* equality deletes icesink writes for a
+    table partitioned by a non-key column (an extra unpartitioned spec, service.iceberg.tables
+    ``delete_spec``): they apply to the data files of every partition and spec. Iceberg's
+    ``remove-dangling-deletes`` gets neither right: it skips an unpartitioned table (leaving it to a
+    later Java commit, which a sink committing through pyiceberg never makes), and it joins deletes to
+    data files of their own spec and partition, so a global delete, whose spec holds no data file,
+    looks dangling even while it still applies (it would bring deleted rows back: the compaction
+    turns it off for a table of several specs). The rule here is Iceberg's, over every live data file:
+    an equality delete is dangling when its sequence number is at most the lowest data sequence number,
+    a position delete when it is lower. After a compaction every rewritten file has the rewrite's
+    starting sequence number, so every older delete goes. A delete committed since the snapshot read
+    here has a higher number and is not touched; data files added since have higher numbers too, and a
+    delete applies only to lower ones. One ``RewriteFiles`` commit, validated from that snapshot.
     """
     jvm = ctx.spark.sparkContext._jvm
     assert jvm is not None
     table = _java_table(ctx)
     snapshot = table.currentSnapshot()
-    if snapshot is None or table.specs().size() != 1 or not table.spec().isUnpartitioned():
+    specs = table.specs()
+    if snapshot is None:
         return 0
     files = jvm.org.apache.iceberg.ManifestFiles
     io = table.io()
@@ -287,10 +295,14 @@ def _drop_unpartitioned_dangling_deletes(ctx: TaskContext) -> int:
             reader.close()
         return found
 
-    data = live(snapshot.dataManifests(io), lambda m: files.read(m, io, table.specs()))
-    deletes = live(snapshot.deleteManifests(io), lambda m: files.readDeleteManifest(m, io, table.specs()))
+    deletes = [
+        f
+        for f in live(snapshot.deleteManifests(io), lambda m: files.readDeleteManifest(m, io, specs))
+        if specs.get(f.specId()).isUnpartitioned()
+    ]
     if not deletes:
         return 0
+    data = live(snapshot.dataManifests(io), lambda m: files.read(m, io, specs))
     lowest = min((f.dataSequenceNumber() for f in data), default=None)
     equality = jvm.org.apache.iceberg.FileContent.EQUALITY_DELETES
     dangling = [
