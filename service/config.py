@@ -446,10 +446,10 @@ class OrphanConfig(_Section):
     @field_validator("older_than")
     @classmethod
     def _not_too_young(cls, value: timedelta) -> timedelta:
-        if value < timedelta(minutes=10):
+        if value < timedelta(hours=1):
             raise ValueError(
-                "must be at least 10m: a younger file may be one a batch has written and not yet "
-                "precommitted, or a manifest of a commit in flight"
+                "must be at least 1h: a younger file may be one a batch has written and not yet "
+                "precommitted (a large catch-up batch takes minutes), or a manifest of a commit in flight"
             )
         return value
 

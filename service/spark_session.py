@@ -17,6 +17,8 @@ from service.spark_jars import SparkJarsError
 logger = logging.getLogger(__name__)
 
 ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+# Spark's default, plus the names of the catalog settings that hold secrets (REST credential, headers).
+REDACTION = "(?i)secret|password|token|access[.]?key|credential|header"
 
 
 def build_spark(
@@ -52,8 +54,10 @@ def build_spark(
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"
         )
-    extensions = {"spark.sql.extensions": ICEBERG_EXTENSIONS} if iceberg is not None else {}
-    for key, value in {**jars.conf, **extensions, **(iceberg or {}), **config.spark.conf}.items():
+    extensions: dict[str, str] = {}
+    if iceberg is not None:
+        extensions = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.redaction.regex": REDACTION}
+    for key, value in {**jars.conf, **extensions, **config.spark.conf}.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
@@ -68,6 +72,11 @@ def build_spark(
             ) from None
         raise
     spark.sparkContext.setLogLevel("WARN")
+    # The catalog's settings hold secrets (keys, credentials, tokens): set on the running session, not
+    # given to the builder, which passes its settings to the JVM on its command line. Spark reads a
+    # catalog's settings when the catalog is first used.
+    for key, value in (iceberg or {}).items():
+        spark.conf.set(key, value)
     try:
         spark_jars.check_session(spark, jars)
     except SparkJarsError:

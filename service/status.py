@@ -48,17 +48,25 @@ def _from_tables(
     from service.iceberg.tables import open_catalog
     from service.maintenance.health import table_health
 
-    marks, health = {}, {}
+    marks: dict[str, dict[str, Any]] = {}
+    health: dict[str, dict[str, Any]] = {}
     try:
         catalog = open_catalog(config)
-        for identifier in tables:
+    except Exception as exc:  # catalog down
+        return marks, health, f"{type(exc).__name__}: {exc}"
+    for identifier in tables:
+        try:
             table = catalog.load_table(identifier)
             mark = latest_mark(table, config.sink_id)
             marks[identifier] = {"seq": mark.seq, "snapshot_id": mark.snapshot_id} if mark else {}
+        except Exception as exc:  # the table dropped, or no longer readable by this user
+            marks[identifier] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        try:  # reads the metadata file and manifest list: the object store, not only the catalog
             health[identifier] = table_health(table, identifier).to_json()
-        return marks, health, None
-    except Exception as exc:  # catalog down, or a table dropped
-        return marks, health, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            health[identifier] = {"error": f"{type(exc).__name__}: {exc}"}
+    return marks, health, None
 
 
 def status(config: SinkConfig) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
     from service.maintenance.spark import CATALOG, catalog_conf
     from service.metrics import setup_metrics
     from service.operator import command_owner
+    from service.retrying import brief
     from service.spark_jars import SparkJarsError
     from service.spark_session import build_spark
     from service.txnlog_client import open_txnlog
@@ -53,11 +54,11 @@ def maintain(config: SinkConfig, once: bool) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    maintainer = Maintainer(
-        config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain"), stop=stop
-    )
     health = Health()
     try:
+        maintainer = Maintainer(
+            config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain"), stop=stop
+        )
         if not once:
             if config.health.port is not None:
                 health.serve(config.health.host, config.health.port)
@@ -71,6 +72,9 @@ def maintain(config: SinkConfig, once: bool) -> int:
         metrics.fenced.add(1, metrics.attrs())
         logger.error("stopping: a newer maintainer took over (%s); this one committed nothing more", exc)
         return EXIT_FENCED
+    except Exception as exc:  # the catalog or the txnlog unreachable before any table was looked at
+        logger.error("maintenance failed: %s", brief(exc))
+        return EXIT_FAILED
     finally:
         health.close()
         log.close()

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.snapshots import Operation, Snapshot
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class TableHealth:
     data_bytes: int  # every live file, data and delete
     manifests: int  # of the current snapshot
     metadata_bytes: int  # the current metadata file
-    commits_since_compaction: int  # snapshots added after the last rewrite (all of them if none)
+    commits_since_compaction: int  # snapshots added after the last compaction (all of them if none)
     last_compaction: datetime | None
     first_snapshot: datetime | None  # the oldest snapshot still in the metadata
 
@@ -43,6 +43,17 @@ def _total(summary: dict[str, str], key: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
+def _compaction(snapshot: Snapshot) -> bool:
+    """A rewrite of data files: a ``replace`` that removed and added data files (not a manifest rewrite
+    nor a clean-up of delete files, which are ``replace`` snapshots too)."""
+    summary = snapshot.summary
+    if summary is None or summary.operation != Operation.REPLACE:
+        return False
+    return _total(dict(summary.additional_properties), "deleted-data-files") > 0 and (
+        _total(dict(summary.additional_properties), "added-data-files") > 0
+    )
+
+
 def _at(timestamp_ms: int) -> datetime:
     return datetime.fromtimestamp(timestamp_ms / 1000, UTC)
 
@@ -54,7 +65,7 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         dict(current.summary.additional_properties) if current and current.summary else {}
     )
     snapshots = sorted(metadata.snapshots, key=lambda s: s.sequence_number or 0)
-    rewrites = [s for s in snapshots if s.summary is not None and s.summary.operation == Operation.REPLACE]
+    rewrites = [s for s in snapshots if _compaction(s)]
     last = rewrites[-1] if rewrites else None
     since = [s for s in snapshots if last is None or (s.sequence_number or 0) > (last.sequence_number or 0)]
     return TableHealth(

@@ -10,8 +10,10 @@ it); between tasks a newer maintainer can, and the older one's next precommit ra
 
 A task's Spark procedure may run longer than the session's idle-in-transaction timeout: a heartbeat
 thread touches the locked session every few seconds. If the session is lost anyway (Postgres
-restarted, this process frozen), the heartbeat cancels the task's Spark jobs, so its commit does not
-happen, and the task fails with :class:`~txnlog.LockLost`.
+restarted, this process frozen), the heartbeat cancels the task's Spark jobs and the task fails with
+:class:`~txnlog.LockLost`; icesink's own commits (dangling deletes, orphans) check the lease first.
+A commit Iceberg's procedure has already begun on the driver may still land: Iceberg's validation
+orders it against whatever a newer maintainer commits, as it would for any two writers.
 
 A maintainer killed inside a task leaves the row in ``precommit``: the next claim aborts that plan.
 Every task is safe to run again (Iceberg decides from the table as it is now).
@@ -26,7 +28,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from txnlog import Lease, LockLost, LockTimeout, Phase, SinkState, TransactionLog
+from txnlog import Fenced, Lease, LockLost, LockTimeout, Phase, SinkState, TransactionLog
 
 logger = logging.getLogger(__name__)
 
@@ -69,29 +71,44 @@ class TableLease:
         return self.lease.epoch
 
     @contextmanager
-    def task(self, name: str, on_lock_lost: Callable[[], None] = lambda: None) -> Iterator[None]:
+    def task(
+        self, name: str, on_lock_lost: Callable[[], None] = lambda: None
+    ) -> Iterator[Callable[[], None]]:
         """Run the block as the task ``name`` under the lease (see the module's docstring).
 
-        ``on_lock_lost`` is called from the heartbeat thread if the locked session is lost while the
-        block runs: it must stop the block's work from committing (cancel its Spark jobs).
+        The block gets a check to call right before any commit of its own: it raises
+        :class:`~txnlog.LockLost` once the heartbeat found the locked session gone. ``on_lock_lost`` is
+        called from the heartbeat thread at that moment: it must stop the block's Spark jobs.
+        After a lost lock the task is aborted if the epoch is still ours (a newer maintainer that
+        claimed meanwhile does that itself), and :class:`~txnlog.LockLost` is raised: the table's
+        remaining tasks wait for the next pass.
         """
         state = self.log.precommit(
             self.lease, {"task": name, "table": self.table, "started_at": _now()}
         )  # raises Fenced
         try:
-            with self._committing(state.seq, name, on_lock_lost):
-                yield
-        except LockLost:
-            raise  # the row may be someone else's by now: leave it to its next claimer
-        except Exception:
-            self.log.abort(self.lease, seq=state.seq)  # the task failed: the next one may run
-            raise
+            with self._committing(name, state.seq, on_lock_lost) as check:
+                yield check
+        except Exception as exc:
+            # The task failed, or its lock was lost: drop it, conditionally on our epoch (raises
+            # Fenced if a newer maintainer claimed the table meanwhile).
+            try:
+                self.log.abort(self.lease, seq=state.seq)
+            except Fenced:
+                raise
+            except Exception as abort_exc:
+                logger.warning(
+                    "maintenance of %s: could not drop the task %s: %s", self.table, name, abort_exc
+                )
+            raise exc
 
     @contextmanager
-    def _committing(self, seq: int, name: str, on_lock_lost: Callable[[], None]) -> Iterator[None]:
+    def _committing(
+        self, name: str, seq: int, on_lock_lost: Callable[[], None]
+    ) -> Iterator[Callable[[], None]]:
         with self.log.committing(self.lease, seq=seq) as handle:
             stop = threading.Event()
-            lost: list[BaseException] = []
+            lost: list[LockLost] = []
 
             def beat() -> None:
                 while not stop.wait(HEARTBEAT_S):
@@ -103,15 +120,18 @@ class TableLease:
                         on_lock_lost()
                         return
 
+            def check() -> None:
+                if lost:
+                    raise lost[0]
+
             thread = threading.Thread(target=beat, name=f"icesink-lease-{name}", daemon=True)
             thread.start()
             try:
-                yield
+                yield check
             finally:
                 stop.set()
                 thread.join()
-            if lost:
-                raise lost[0]
+            check()
 
     def record(self, report: dict[str, Any]) -> None:
         """Record the run's report as the lease's last committed plan (what ``icesink status`` shows)."""

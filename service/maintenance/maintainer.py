@@ -23,7 +23,7 @@ from service.maintenance.lease import TableBusy, TableLease
 from service.maintenance.tasks import Task, TaskContext, TaskResult, default_tasks
 from service.metrics import SinkMetrics
 from service.retrying import brief
-from txnlog import Fenced
+from txnlog import Fenced, LockLost
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -157,6 +157,9 @@ class Maintainer:
                 health = self._health(identifier)
             except Fenced:
                 raise
+            except LockLost as exc:
+                self._failed(run, task.name, exc)
+                break  # the lease is in doubt: the table's other tasks wait for the next pass
             except Exception as exc:
                 self._failed(run, task.name, exc)
                 continue
@@ -177,9 +180,21 @@ class Maintainer:
             )
         run.after = health
         if run.tasks or run.failed:
-            lease.record(
-                {"tasks": run.tasks, "failed": run.failed, "health": health.to_json(), "epoch": lease.epoch}
-            )
+            try:
+                lease.record(
+                    {
+                        "tasks": run.tasks,
+                        "failed": run.failed,
+                        "health": health.to_json(),
+                        "epoch": lease.epoch,
+                    }
+                )
+            except Fenced:
+                raise
+            except Exception as exc:  # the work is done; only its record in the lease row is missing
+                logger.warning(
+                    "maintenance of %s: the run's report was not recorded: %s", identifier, brief(exc)
+                )
         return run
 
     def _failed(self, run: TableRun, task: str, exc: BaseException) -> None:
@@ -193,14 +208,20 @@ class Maintainer:
         return health
 
     def _run(self, lease: TableLease, task: Task, identifier: str) -> TaskResult:
+        # A job tag, not a job group: Iceberg's actions set job groups of their own.
         context = self.spark.sparkContext
-        group = f"icesink-maintenance-{task.name}-{lease.epoch}"
-        ctx = TaskContext(self.config, self.spark, self.spark_catalog, self.catalog, self.log, identifier)
+        tag = f"icesink-maintenance-{task.name}-{lease.epoch}"
         failpoint("maintenance_before_task")
-        with lease.task(task.name, on_lock_lost=lambda: context.cancelJobGroup(group)):
-            context.setJobGroup(group, f"icesink maintenance: {task.name} of {identifier}", True)
-            failpoint("maintenance_during_task")
-            return task.run(ctx)
+        with lease.task(task.name, on_lock_lost=lambda: context.cancelJobsWithTag(tag)) as check:
+            context.addJobTag(tag)
+            try:
+                failpoint("maintenance_during_task")
+                ctx = TaskContext(
+                    self.config, self.spark, self.spark_catalog, self.catalog, self.log, identifier, check
+                )
+                return task.run(ctx)
+            finally:
+                context.removeJobTag(tag)
 
 
 def _counts(result: TaskResult) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyiceberg.catalog import infer_catalog_type
+
 from service.config import ConfigError, SinkConfig
 
 CATALOG = "icesink"  # the catalog's name inside the maintainer's Spark session
@@ -44,7 +46,8 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
     """
     props: dict[str, Any] = config.catalog_properties
     given = dict(config.maintenance.spark_catalog)
-    kind = str(props.get("type", "rest"))
+    inferred = infer_catalog_type(config.catalog_name, props)
+    kind = str(props.get("type") or (inferred.value if inferred else "rest"))
     prefix = f"spark.sql.catalog.{name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",

@@ -21,6 +21,7 @@ Why the defaults are safe next to a running sink:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -47,15 +48,23 @@ class TaskContext:
     catalog: Catalog
     log: TransactionLog
     identifier: str
+    # Raises if the task's lease was lost meanwhile: called before each commit icesink itself makes.
+    check_lease: Callable[[], None] = lambda: None
 
     @property
     def settings(self) -> MaintenanceConfig:
         return self.config.maintenance
 
+    @property
+    def spark_name(self) -> str:
+        """The table in the maintainer's Spark catalog, every part quoted (``orders-v2`` needs it)."""
+        parts = [self.spark_catalog, *self.identifier.split(".")]
+        return ".".join("`" + part.replace("`", "``") + "`" for part in parts)
+
     def call(self, procedure: str, **args: str) -> list[dict[str, Any]]:
         """``CALL <catalog>.system.<procedure>(table => '<catalog>.<ns.table>', <args>)``; args are SQL
         expressions."""
-        table = _literal(f"{self.spark_catalog}.{self.identifier}")
+        table = _literal(self.spark_name)
         arguments = ", ".join([f"table => {table}", *(f"{k} => {v}" for k, v in args.items())])
         sql = f"CALL {self.spark_catalog}.system.{procedure}({arguments})"
         logger.debug("maintenance of %s: %s", self.identifier, sql)
@@ -116,11 +125,11 @@ class Compact(Task):
 
     def run(self, ctx: TaskContext) -> TaskResult:
         cfg = ctx.settings.compaction
-        single_spec = _java_table(ctx).specs().size() == 1
         options = {
             "delete-file-threshold": "1",
-            # Right only when every delete shares its data files' spec: see _drop_dangling_unpartitioned_deletes.
-            "remove-dangling-deletes": "true" if single_spec else "false",
+            # Dangling deletes are removed by _drop_dangling_deletes: Iceberg's own clean-up takes a
+            # global delete for dangling while it still applies.
+            "remove-dangling-deletes": "false",
             "partial-progress.enabled": "true",
             "partial-progress.max-commits": "10",
             "max-concurrent-file-group-rewrites": str(cfg.max_concurrent_groups),
@@ -131,13 +140,13 @@ class Compact(Task):
             options["target-file-size-bytes"] = str(cfg.target_file_size)
         rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
-        dropped = _drop_dangling_unpartitioned_deletes(ctx)
+        dropped = _drop_dangling_deletes(ctx)
         return TaskResult(
             files_rewritten=int(row.get("rewritten_data_files_count") or 0),
             files_added=int(row.get("added_data_files_count") or 0),
             files_removed=int(row.get("removed_delete_files_count") or 0) + dropped,
             bytes_rewritten=int(row.get("rewritten_bytes_count") or 0),
-            detail={**row, "unpartitioned_dangling_deletes_removed": dropped},
+            detail={**row, "dangling_deletes_removed": dropped},
         )
 
 
@@ -171,9 +180,12 @@ class ExpireSnapshots(Task):
 
     def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
         cfg = settings.expiry
-        if cfg.enabled and health.snapshots > cfg.retain_last:
-            return f"{health.snapshots} snapshots (expiry.retain_last: {cfg.retain_last})"
-        return None
+        oldest = health.first_snapshot
+        if not cfg.enabled or health.snapshots <= cfg.retain_last or oldest is None:
+            return None
+        if now - oldest < cfg.older_than:
+            return None  # none is old enough yet
+        return f"{health.snapshots} snapshots, the oldest from {oldest:%Y-%m-%d %H:%M:%S}Z"
 
     def run(self, ctx: TaskContext) -> TaskResult:
         cfg = ctx.settings.expiry
@@ -236,6 +248,7 @@ class RemoveOrphans(Task):
         report = find_orphans(
             ctx.config, cfg.older_than, identifier=ctx.identifier, catalog=ctx.catalog, log=ctx.log
         )
+        ctx.check_lease()
         deleted = delete_orphans(ctx.config, report, catalog=ctx.catalog)
         metadata_orphans = _delete_metadata_orphans(ctx, cfg.older_than)
         return TaskResult(
@@ -253,70 +266,74 @@ def _java_table(ctx: TaskContext) -> Any:
     """The table as Iceberg's Java API in the maintainer's Spark session sees it."""
     jvm = ctx.spark.sparkContext._jvm
     assert jvm is not None
-    name = ".".join(f"`{part}`" for part in [ctx.spark_catalog, *ctx.identifier.split(".")])
-    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(ctx.spark._jsparkSession, name)
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(ctx.spark._jsparkSession, ctx.spark_name)
 
 
-def _drop_dangling_unpartitioned_deletes(ctx: TaskContext) -> int:
-    """Remove the delete files written with an unpartitioned spec that apply to no live data file any
-    more; returns the count.
+def _drop_dangling_deletes(ctx: TaskContext) -> int:
+    """Remove the delete files that apply to no live data file any more; returns the count.
 
-    Such deletes are an unpartitioned table's, and the *global* equality deletes icesink writes for a
-    table partitioned by a non-key column (an extra unpartitioned spec, service.iceberg.tables
-    ``delete_spec``): they apply to the data files of every partition and spec. Iceberg's
-    ``remove-dangling-deletes`` gets neither right: it skips an unpartitioned table (leaving it to a
-    later Java commit, which a sink committing through pyiceberg never makes), and it joins deletes to
-    data files of their own spec and partition, so a global delete, whose spec holds no data file,
-    looks dangling even while it still applies (it would bring deleted rows back: the compaction
-    turns it off for a table of several specs). The rule here is Iceberg's, over every live data file:
-    an equality delete is dangling when its sequence number is at most the lowest data sequence number,
-    a position delete when it is lower. After a compaction every rewritten file has the rewrite's
-    starting sequence number, so every older delete goes. A delete committed since the snapshot read
-    here has a higher number and is not touched; data files added since have higher numbers too, and a
-    delete applies only to lower ones. One ``RewriteFiles`` commit, validated from that snapshot.
+    A delete file applies to the data files of its own spec and partition, except one written with an
+    unpartitioned spec: that is an unpartitioned table's, or one of the *global* equality deletes
+    icesink writes for a table partitioned by a non-key column (an extra unpartitioned spec,
+    service.iceberg.tables ``delete_spec``), which apply to the data files of every partition and spec.
+    Iceberg's ``remove-dangling-deletes`` gets neither right: it skips an unpartitioned table (leaving
+    it to a later Java commit, which a sink committing through pyiceberg never makes), and it joins
+    every delete to the data files of its own spec and partition, so a global delete, whose spec holds
+    no data file, looks dangling even while it still applies, and removing it would bring deleted rows
+    back. The rule here is Iceberg's, over the data files a delete can reach: an equality delete is
+    dangling when its sequence number is at most the lowest of theirs, a position delete when it is
+    lower. After a compaction every rewritten file has the rewrite's starting sequence number, so every
+    older delete goes. A delete committed after the snapshot read here has a higher number than every
+    data file it can reach and stays; data files added since have higher numbers too, and a delete
+    applies only to lower ones. One ``RewriteFiles`` commit, after checking the lease is still ours.
     """
     jvm = ctx.spark.sparkContext._jvm
     assert jvm is not None
     table = _java_table(ctx)
     snapshot = table.currentSnapshot()
-    specs = table.specs()
     if snapshot is None:
         return 0
-    files = jvm.org.apache.iceberg.ManifestFiles
-    io = table.io()
+    specs, io, files = table.specs(), table.io(), jvm.org.apache.iceberg.ManifestFiles
 
     def live(manifests: Any, read: Any) -> list[Any]:
         found = []
         for i in range(manifests.size()):
             reader = read(manifests.get(i))
-            iterator = reader.iterator()
-            while iterator.hasNext():
-                found.append(iterator.next().copy())
-            reader.close()
+            try:
+                iterator = reader.iterator()
+                while iterator.hasNext():
+                    found.append(iterator.next().copy())
+            finally:
+                reader.close()
         return found
 
-    deletes = [
-        f
-        for f in live(snapshot.deleteManifests(io), lambda m: files.readDeleteManifest(m, io, specs))
-        if specs.get(f.specId()).isUnpartitioned()
-    ]
+    deletes = live(snapshot.deleteManifests(io), lambda m: files.readDeleteManifest(m, io, specs))
     if not deletes:
         return 0
-    data = live(snapshot.dataManifests(io), lambda m: files.read(m, io, specs))
-    lowest = min((f.dataSequenceNumber() for f in data), default=None)
+
+    def scope(f: Any) -> tuple[int, str]:
+        return f.specId(), specs.get(f.specId()).partitionToPath(f.partition())
+
+    lowest_everywhere: int | None = None
+    lowest: dict[tuple[int, str], int] = {}
+    for f in live(snapshot.dataManifests(io), lambda m: files.read(m, io, specs)):
+        seq = f.dataSequenceNumber()
+        lowest_everywhere = seq if lowest_everywhere is None else min(lowest_everywhere, seq)
+        where = scope(f)
+        lowest[where] = min(lowest.get(where, seq), seq)
     equality = jvm.org.apache.iceberg.FileContent.EQUALITY_DELETES
-    dangling = [
-        f
-        for f in deletes
-        if lowest is None
-        or f.dataSequenceNumber() < lowest
-        or (f.content() == equality and f.dataSequenceNumber() == lowest)
-    ]
+    dangling = []
+    for f in deletes:
+        floor = lowest_everywhere if specs.get(f.specId()).isUnpartitioned() else lowest.get(scope(f))
+        seq = f.dataSequenceNumber()
+        if floor is None or seq < floor or (f.content() == equality and seq == floor):
+            dangling.append(f)
     if not dangling:
         return 0
     rewrite = table.newRewrite().validateFromSnapshot(snapshot.snapshotId())
     for f in dangling:
         rewrite.deleteFile(f)
+    ctx.check_lease()
     rewrite.commit()
     return len(dangling)
 
@@ -325,7 +342,7 @@ def _delete_metadata_orphans(ctx: TaskContext, older_than: timedelta) -> int:
     """Iceberg's ``DeleteOrphanFiles`` action over the table's metadata location; returns the count.
 
     The action, not the ``remove_orphan_files`` procedure: the procedure refuses ages under 24 hours,
-    while ``maintenance.orphans.older_than`` may be as short as 10 minutes (no icesink commit is
+    while ``maintenance.orphans.older_than`` may be as short as an hour (no icesink commit is
     anywhere near that long in flight).
     """
     jvm = ctx.spark.sparkContext._jvm
@@ -362,4 +379,5 @@ def _map(options: dict[str, str]) -> str:
 
 
 def _timestamp(at: datetime) -> str:
-    return f"TIMESTAMP {_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f'))}"
+    """A timestamp literal with its zone, whatever the session's ``spark.sql.session.timeZone``."""
+    return f"TIMESTAMP {_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f') + 'Z')}"

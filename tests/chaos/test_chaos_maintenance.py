@@ -39,7 +39,7 @@ MAINTENANCE = {
     "interval": "2s",
     "compaction": {"delete_files": 4, "commits": 6},
     "expiry": {"older_than": "10s", "retain_last": 5},
-    "orphans": {"older_than": "10m", "interval": "20s"},
+    "orphans": {"older_than": "1h", "interval": "20s"},
 }
 
 

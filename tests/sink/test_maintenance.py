@@ -7,9 +7,12 @@ the same rows through Spark and DuckDB, fewer files, the deletes applied.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +47,7 @@ def _many_small_commits(
         kafka={"max_offsets_per_trigger": 40},
         maintenance={
             "expiry": {"older_than": "1s", "retain_last": 2},
-            "orphans": {"older_than": "10m"},
+            "orphans": {"older_than": "1h"},
             **maintenance,
         },
     )
@@ -183,6 +186,25 @@ def test_a_sink_commit_that_conflicts_with_a_compaction_is_retried_on_top_of_it(
     assert_rows(spark, sink.table, sink.source.expected_rows())
 
 
+def _command_lines(pid: int) -> list[str]:
+    """The command lines of a process and all its descendants (the maintainer's JVM among them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    lines, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        with contextlib.suppress(OSError):
+            lines.append(
+                (Path("/proc") / str(current) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            )
+        todo.extend(children.get(current, []))
+    return lines
+
+
 def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any) -> None:
     sink = _many_small_commits(make_sink, rounds=3, interval="1s")
     port = free_port()
@@ -190,6 +212,11 @@ def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any
     maintainer.wait_for_log("maintenance pass over 1 table(s)", timeout=180, count=2)
     assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
     assert http_status(f"http://127.0.0.1:{port}/readyz") == 200  # a pass has finished
+    # The catalog's secret reaches the maintainer's Spark, but never a command line.
+    lines = _command_lines(maintainer.process.pid)
+    assert any("org.apache.spark" in line for line in lines), lines  # the JVM is among them
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    assert not [line for line in lines if secret in line]
     maintainer.kill(signal.SIGTERM)
     assert maintainer.wait(60) == 0, maintainer.log()[-3000:]
     assert "stop requested" in maintainer.log()

@@ -52,8 +52,8 @@ def test_defaults_suit_a_streaming_table() -> None:
 
 
 def test_an_orphan_age_under_ten_minutes_is_refused_at_start_up() -> None:
-    with pytest.raises(ConfigError, match=r"maintenance\.orphans\.older_than.*at least 10m"):
-        parse_config(with_(maintenance={"orphans": {"older_than": "5m"}}), env={})
+    with pytest.raises(ConfigError, match=r"maintenance\.orphans\.older_than.*at least 1h"):
+        parse_config(with_(maintenance={"orphans": {"older_than": "30m"}}), env={})
 
 
 def test_durations_and_sizes_parse() -> None:
@@ -146,8 +146,10 @@ def test_maintain_once_compacts_whatever_holds_a_delete_or_small_files() -> None
 
 def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     settings = MaintenanceConfig()
-    assert ExpireSnapshots().due(health(snapshots=100), settings, False, NOW) is None
-    assert ExpireSnapshots().due(health(snapshots=101), settings, False, NOW) is not None
+    old = NOW - timedelta(days=2)
+    assert ExpireSnapshots().due(health(snapshots=100, first_snapshot=old), settings, False, NOW) is None
+    assert ExpireSnapshots().due(health(snapshots=101, first_snapshot=old), settings, False, NOW) is not None
+    assert ExpireSnapshots().due(health(snapshots=101), settings, False, NOW) is None  # none a day old yet
     assert RewriteManifests().due(health(manifests=100), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=101), settings, False, NOW) is not None
     assert RewriteManifests().due(health(manifests=3), settings, True, NOW) is not None
