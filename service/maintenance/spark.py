@@ -38,6 +38,15 @@ _SAME_NAME = (
 _TYPES = {"rest": "rest", "glue": "glue", "hive": "hive"}
 
 
+def _inferred_type(config: SinkConfig) -> str:
+    """The type pyiceberg would infer from the catalog's ``uri`` (thrift: hive, http: rest, ...)."""
+    try:
+        inferred = infer_catalog_type(config.catalog_name, config.catalog_properties)
+    except ValueError:  # a uri pyiceberg can't place: pyiceberg itself would refuse it
+        return "rest"
+    return inferred.value if inferred else "rest"
+
+
 def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
     """Spark settings for an Iceberg catalog ``name`` that reaches the sink's tables.
 
@@ -46,8 +55,7 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
     """
     props: dict[str, Any] = config.catalog_properties
     given = dict(config.maintenance.spark_catalog)
-    inferred = infer_catalog_type(config.catalog_name, props)
-    kind = str(props.get("type") or (inferred.value if inferred else "rest"))
+    kind = str(props.get("type") or _inferred_type(config))
     prefix = f"spark.sql.catalog.{name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",
