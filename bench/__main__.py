@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, figures, partition_scan, readside, report
+from bench import baselines, figures, partition_scan, readside, report, soak
 from bench.sink import Sink, sink_config, snapshots, unique
 from bench.stack import REPO, Stack, load_stack, machine, spark_session
 from bench.workload import SteadyProducer, Workload, ensure_topic, produce, record_times
@@ -34,9 +34,12 @@ ALL = (
     "freshness",
     "read-side",
     "trino-partition",
+    "soak",
 )
 # The parts that run on tables of their own (not the throughput workload), after the throughput parts.
-TABLE_PARTS = ("freshness", "read-side", "trino-partition")
+TABLE_PARTS = ("freshness", "read-side", "trino-partition", "soak")
+# The soak (~45 min) runs only when asked for (`--only soak`), never as part of a size.
+SIZED = ALL[: ALL.index("soak")]
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,8 @@ class Size:
 
 SIZES = {
     "small": Size(30_000, 6_000, 5_000, 0, 0, 0, ALL[:7]),
-    "medium": Size(160_000, 32_000, 20_000, 20, 30, 1_000, ALL),
-    "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, ALL),
+    "medium": Size(160_000, 32_000, 20_000, 20, 30, 1_000, SIZED),
+    "large": Size(1_000_000, 200_000, 200_000, 120, 100, 1_000, SIZED),
 }
 
 
@@ -493,10 +496,27 @@ class Bench:
                 except Exception as exc:  # keep the other figures
                     log(f"{what} failed: {exc!r}")
                     r.setdefault("errors", []).append(f"{what}: {exc!r}")
+        if "soak" in parts:
+            try:
+                r["soak"] = soak.Soak(self.stack, self.workdir, self.soak_params(), self.session).run()
+            except Exception as exc:  # keep the other figures
+                log(f"soak failed: {exc!r}")
+                r.setdefault("errors", []).append(f"soak: {exc!r}")
         r["ratios"] = self.ratios()
         r["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["duration_s"] = round(time.monotonic() - started, 1)
         return r
+
+    def soak_params(self) -> soak.SoakParams:
+        a = self.args
+        return soak.SoakParams(
+            commits=a.soak_commits,
+            every=a.soak_every,
+            per_commit=a.soak_per_commit,
+            keys=a.soak_keys,
+            scan_timeout_s=a.soak_scan_timeout,
+            seed=a.seed,
+        )
 
     def ratios(self) -> dict[str, str]:
         runs = self.results["runs"]
@@ -577,6 +597,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LABEL=PATH",
         help="also run icesink from another checkout (e.g. a git worktree with a change), side by side",
     )
+    p.add_argument(
+        "--soak-commits", type=int, default=2000, help="soak: commits per table (one per micro-batch)"
+    )
+    p.add_argument("--soak-every", type=int, default=200, help="soak: measure both tables every N commits")
+    p.add_argument(
+        "--soak-per-commit", type=int, default=25, help="soak: events per commit (max_offsets_per_trigger)"
+    )
+    p.add_argument("--soak-keys", type=int, default=10_000, help="soak: keys of the soak's workload")
+    p.add_argument(
+        "--soak-scan-timeout",
+        type=float,
+        default=180,
+        help="soak: a scan still running after this many seconds is cancelled and reported as timed out",
+    )
     p.add_argument("--drain-timeout", type=float, default=300)
     p.add_argument("--no-check", action="store_true", help="skip the row-count check of each table")
     p.add_argument("--out", default="bench/results", help="directory for <size>-<time>.json/.png and logs")
@@ -611,11 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench.spark is not None:
             bench.spark.stop()
-    base = out / f"{args.size}-{stamp}"
+    base = out / f"{'soak' if parts == ['soak'] else args.size}-{stamp}"
     report.write_json(results, base.with_suffix(".json"))
-    report.plot(results, base.with_suffix(".png"))
+    written = [base.with_suffix(".json")]
+    if any(r.get("throughput") for r in results["runs"].values()):
+        report.plot(results, base.with_suffix(".png"))
+        written.append(base.with_suffix(".png"))
+    if results.get("soak"):
+        soak.plot(results["soak"], base.with_name(f"{base.name}-soak.png"))
+        written.append(base.with_name(f"{base.name}-soak.png"))
     print(report.table(results))
-    print(f"\nwrote {base}.json and {base}.png (sink configs and logs in {workdir})")
+    print(f"\nwrote {', '.join(map(str, written))} (sink configs and logs in {workdir})")
     return 0
 
 

@@ -67,6 +67,11 @@ def table(results: dict[str, Any]) -> str:
     if trino:
         lines.append("")
         lines.extend(trino_partition_table(trino))
+    if results.get("soak"):
+        from bench import soak
+
+        lines.append("")
+        lines.extend(soak.lines(results["soak"]))
     lines.append("")
     lines.append(f"load average at start {results['load_start']}, at end {results['load_end']}")
     return "\n".join(lines)
