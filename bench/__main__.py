@@ -38,7 +38,7 @@ ALL = (
 )
 # The parts that run on tables of their own (not the throughput workload), after the throughput parts.
 TABLE_PARTS = ("freshness", "read-side", "trino-partition", "soak")
-# The soak (~45 min) runs only when asked for (`--only soak`), never as part of a size.
+# The soak (~55 min here) runs only when asked for (`--only soak`), never as part of a size.
 SIZED = ALL[: ALL.index("soak")]
 
 
