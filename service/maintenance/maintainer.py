@@ -61,6 +61,7 @@ def error_type(exc: BaseException) -> str:
     text = str(exc)
     for marker, name in (
         ("CommitFailedException", "conflict"),
+        ("CompactionLost", "conflict"),
         ("ValidationException", "conflict"),
         ("NoSuchTableException", "no_such_table"),
         ("ForbiddenException", "forbidden"),

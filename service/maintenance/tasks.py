@@ -71,6 +71,10 @@ class TaskContext:
         return [row.asDict() for row in self.spark.sql(sql).collect()]
 
 
+class CompactionLost(RuntimeError):
+    """A compaction that had files to rewrite committed none of them."""
+
+
 @dataclass
 class TaskResult:
     """What a task changed; ``detail`` is the procedure's own answer."""
@@ -140,6 +144,17 @@ class Compact(Task):
             options["target-file-size-bytes"] = str(cfg.target_file_size)
         rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
+        failed, rewritten = (
+            int(row.get("failed_data_files_count") or 0),
+            int(row.get("rewritten_data_files_count") or 0),
+        )
+        if failed and not rewritten:
+            # Partial progress drops the groups whose commit kept losing to the sink's commits (Iceberg
+            # retries a commit commit.retry.num-retries times): the work is lost, not done.
+            raise CompactionLost(
+                f"compaction of {ctx.identifier} committed nothing: the commits of all {failed} file(s) "
+                "failed (Iceberg's validation or retries lost to concurrent commits); the next pass tries again"
+            )
         dropped = _drop_dangling_deletes(ctx)
         return TaskResult(
             files_rewritten=int(row.get("rewritten_data_files_count") or 0),
