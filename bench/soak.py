@@ -45,7 +45,7 @@ MAINTENANCE: dict[str, Any] = {
     "interval": "2s",
     "compaction": {"delete_files": 4, "commits": 20, "max_age": "1m"},
     "expiry": {"older_than": "1m", "retain_last": 30},
-    "orphans": {"older_than": "10m", "interval": "10m"},
+    "orphans": {"older_than": "1h", "interval": "10m"},
     "max_manifests": 20,
 }
 TABLES = ("maintained", "unmaintained")
