@@ -108,6 +108,22 @@ class SourceConfig(_Section):
         description="auto: decode batches with pyarrow in one Spark job, and with Spark's decoder any batch "
         "the Arrow decoder declines (a record it can't vouch for); spark: always Spark's decoder.",
     )
+    reader: Literal["tasks", "spark"] = Field(
+        default="tasks",
+        description="tasks: the stream plans Kafka offset ranges and each Spark task reads its range "
+        "itself with librdkafka, decoding it chunk by chunk; spark: Spark's Kafka source reads the "
+        "records in the JVM and hands them to the Python tasks.",
+    )
+    chunk_records: int = Field(
+        default=10_000,
+        gt=0,
+        description="With reader: tasks, how many Kafka records a task reads and decodes at a time.",
+    )
+    max_task_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        description="What a task of the Arrow path may hold (the changes it keeps, or with reader: spark "
+        "its share of the batch) before it declines the batch to Spark's decoder, which can spill.",
+    )
     variable_scale_decimal: str = Field(
         default=str(DEFAULT_VARIABLE_SCALE),
         description="The column type of io.debezium.data.VariableScaleDecimal values (PostgreSQL numeric "
@@ -115,7 +131,7 @@ class SourceConfig(_Section):
         "decimal(P,S), where a value that does not fit without rounding is a dead letter.",
     )
 
-    @field_validator("max_record_bytes", mode="before")
+    @field_validator("max_record_bytes", "max_task_bytes", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int:
         return parse_size(value)

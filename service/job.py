@@ -21,7 +21,7 @@ from datetime import datetime
 from functools import reduce
 
 from confluent_kafka.admin import AdminClient
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from service.channel.cadence import Buffer, CommitCadence
@@ -32,8 +32,10 @@ from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.catalog import catalog_retries, connect
 from service.kafka import dead_letter
+from service.kafka.batch import KafkaBatch
 from service.kafka.lag import start_lag_monitor
 from service.kafka.offsets import OffsetsGone, check_committed, recreated
+from service.kafka.ranges import EARLIEST, FORMAT, RangePlan, source_class
 from service.kafka.source import (
     SourceError,
     admin,
@@ -43,6 +45,7 @@ from service.kafka.source import (
     partitions,
     spark_options,
     starting_offsets,
+    task_client,
     topic_ids,
 )
 from service.metrics import SinkMetrics, setup_metrics
@@ -249,20 +252,13 @@ class SinkJob:
         if until_caught_up:
             self._target = end_offsets(self.config.kafka, self.partitions)
             logger.info("catching up to %s", self._target)
-        reader = (
-            spark.readStream.format("kafka")
-            .options(**spark_options(self.config.kafka))
-            .option(*self._subscription())
-            .option("startingOffsets", start)
-            .option("failOnDataLoss", "true")
-        )
-        if self.config.kafka.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(self.config.kafka.max_offsets_per_trigger))
-        writer = (
-            reader.load().writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint)
-        )
-        if until_caught_up:
+        tasks_read = self.config.source.reader == "tasks"
+        stream = self._task_source(spark) if tasks_read else self._spark_source(spark, start)
+        writer = stream.writeStream.foreachBatch(self._on_batch).option("checkpointLocation", checkpoint)
+        if until_caught_up and not tasks_read:
             writer = writer.trigger(availableNow=True)
+        elif until_caught_up:  # the source plans nothing past the target; the loop stops there
+            writer = writer.trigger(processingTime="0 seconds")
         else:
             writer = writer.trigger(
                 processingTime=f"{self.config.commit.trigger_interval.total_seconds()} seconds"
@@ -277,7 +273,7 @@ class SinkJob:
             try:
                 # A batch that starts after a stop request fails the query on purpose (StopRequested),
                 # possibly while this loop still waits: that is the graceful path too.
-                while query.isActive and not self._stop_requested.is_set():
+                while query.isActive and not self._stop_requested.is_set() and not self._caught_up():
                     query.awaitTermination(1)
                     self._flush_when_idle()
                 if query.isActive:
@@ -307,6 +303,48 @@ class SinkJob:
         if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
 
+    def _spark_source(self, spark: SparkSession, start: str) -> DataFrame:
+        """Spark's Kafka source: the JVM reads the records (``source.reader: spark``)."""
+        reader = (
+            spark.readStream.format("kafka")
+            .options(**spark_options(self.config.kafka))
+            .option(*self._subscription())
+            .option("startingOffsets", start)
+            .option("failOnDataLoss", "true")
+        )
+        if self.config.kafka.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(self.config.kafka.max_offsets_per_trigger))
+        return reader.load()
+
+    def _task_source(self, spark: SparkSession) -> DataFrame:
+        """The source that plans offset ranges, which the tasks read (service.kafka.ranges)."""
+        kafka = self.config.kafka
+        starting = {
+            t: {p: self.offsets.get(t, {}).get(p, EARLIEST) for p in ps} for t, ps in self.partitions.items()
+        }
+        plan = RangePlan(
+            client=task_client(kafka),
+            topics=list(kafka.topics),
+            pattern=kafka.topic_pattern,
+            starting=starting,
+            max_offsets_per_trigger=kafka.max_offsets_per_trigger,
+            until=self._target,
+        )
+        spark.dataSource.register(source_class(plan))
+        logger.info(
+            "reading Kafka in the tasks (source.reader: tasks, %d records a chunk)",
+            self.config.source.chunk_records,
+        )
+        return spark.readStream.format(FORMAT).load()
+
+    def _caught_up(self) -> bool:
+        """Whether a catch-up run (``until_caught_up``) read every partition to its target."""
+        if self._target is None or self.config.source.reader != "tasks":
+            return False
+        return all(
+            self._read.get(t, {}).get(p, 0) >= o for t, ps in self._target.items() for p, o in ps.items()
+        )
+
     def _subscription(self) -> tuple[str, str]:
         """Spark's source option: the topics, or the pattern (Spark picks up topics created later)."""
         kafka = self.config.kafka
@@ -331,13 +369,18 @@ class SinkJob:
         except Exception as check_failed:
             logger.warning("could not check the committed offsets after the failure: %s", check_failed)
 
-    def _on_batch(self, records: DataFrame, batch_id: int) -> None:
+    def _on_batch(self, frame: DataFrame, batch_id: int) -> None:
         if self._stop_requested.is_set():
             self.fatal = StopRequested("stop requested before the batch started")
             raise self.fatal
+        if self.config.source.reader == "tasks":  # the frame holds the batch's offset ranges
+            source = self.config.source
+            records = KafkaBatch.of_ranges(frame, task_client(self.config.kafka), source.chunk_records)
+        else:
+            records = KafkaBatch(frame)
         self._exclusive(lambda: self._batch(records, batch_id))
 
-    def _batch(self, records: DataFrame, batch_id: int) -> None:
+    def _batch(self, records: KafkaBatch, batch_id: int) -> None:
         """One micro-batch, after checking that its topics are still those the offsets belong to.
 
         Describing the topics is one request: a topic deleted and re-created while the sink runs
@@ -416,7 +459,7 @@ class SinkJob:
 
     # -- one batch -------------------------------------------------------------------------------------
 
-    def process_batch(self, records: DataFrame, end: Offsets) -> None:
+    def process_batch(self, records: KafkaBatch, end: Offsets) -> None:
         """Write one micro-batch and commit it, or buffer it while the cadence says to wait.
 
         ``end`` is where Spark's source ends the batch (:func:`service.kafka.source.batch_end_offsets`):
@@ -427,22 +470,22 @@ class SinkJob:
         if self.arrow_decoder and not self._buffer.frames:
             self._write_and_commit(records, end, arrow=True)
             return
-        records = records.persist()
+        rows = records.rows.persist()
         ranges = (
-            records.groupBy("topic", "partition")
+            rows.groupBy("topic", "partition")
             .agg(F.max("timestamp").alias("newest"), F.sum(F.length("value")).alias("bytes"))
             .collect()
         )
         buffer = self._buffer
         if not ranges:
-            records.unpersist()
+            rows.unpersist()
             if buffer.frames:
                 buffer.offsets = merge_offsets(buffer.offsets, end)
             else:
                 self._commit_offsets(end)
             return
         newest = max((r["newest"] for r in ranges if r["newest"] is not None), default=None)
-        buffer.add(records, end, sum(r["bytes"] or 0 for r in ranges), newest, time.monotonic())
+        buffer.add(rows, end, sum(r["bytes"] or 0 for r in ranges), newest, time.monotonic())
         if self.cadence.due(buffer.bytes, buffer.age(time.monotonic())):
             self.flush()
         else:
@@ -455,20 +498,22 @@ class SinkJob:
             return
         records = reduce(DataFrame.unionAll, buffer.frames)
         try:
-            self._write_and_commit(records, buffer.offsets, arrow=False, newest=buffer.newest)
+            self._write_and_commit(KafkaBatch(records), buffer.offsets, arrow=False, newest=buffer.newest)
         finally:
             for frame in buffer.frames:
                 frame.unpersist()
 
     def _write_and_commit(
-        self, records: DataFrame, end: Offsets, arrow: bool, newest: datetime | None = None
+        self, records: KafkaBatch, end: Offsets, arrow: bool, newest: datetime | None = None
     ) -> None:
         """Each table the batch touches writes its records (its topics'), then one plan commits them."""
         offsets = merge_offsets(self.offsets, end)
         writes: list[TableWrite] = []
-        persisted: DataFrame | None = None
+        persisted: KafkaBatch | None = None
         touched = self.routes.touched(end, self._read if self.held else self.offsets)
-        if arrow and len(touched) > 1:  # each table's job reads its topics' rows: once from Kafka
+        if (
+            arrow and len(touched) > 1 and records.ranges is None
+        ):  # each table's job reads its rows: once from Kafka
             persisted = records = records.persist()
         try:
             done = (
@@ -483,7 +528,7 @@ class SinkJob:
                 if identifier in self.routes.paused:  # its records stay in Kafka, its offsets behind
                     continue
                 if identifier in self.routes.isolated:
-                    self._dead_letter_table(identifier, self._records_of(records, topics))
+                    self._dead_letter_table(identifier, self._records_of(records, topics).rows)
                     continue
                 pipeline = self.routes.pipelines[identifier]
                 mine = self._offsets_of(identifier, offsets) if self.routes.many else offsets
@@ -499,13 +544,13 @@ class SinkJob:
                     if write is None:
                         if arrow and persisted is None:  # declined: Spark's path reads the batch again
                             persisted = records = records.persist()
-                        write = pipeline.write_spark(self._records_of(records, topics), mine, newest)
+                        write = pipeline.write_spark(self._records_of(records, topics).rows, mine, newest)
                 except Exception as exc:
                     if not self.routes.may_isolate(identifier, exc):
                         raise
                     self.routes.isolate(identifier, exc)
                     if identifier in self.routes.isolated:
-                        self._dead_letter_table(identifier, self._records_of(records, topics))
+                        self._dead_letter_table(identifier, self._records_of(records, topics).rows)
                     continue
                 writes.append(write)
         finally:
@@ -518,7 +563,7 @@ class SinkJob:
             self._commit(writes, offsets)
 
     def _arrow_tables(
-        self, records: DataFrame, touched: dict[str, list[str]], offsets: Offsets, end: Offsets
+        self, records: KafkaBatch, touched: dict[str, list[str]], offsets: Offsets, end: Offsets
     ) -> ArrowTables:
         """The tables of a batch the Arrow path can take, written (or, for a table whose changes are
         held, decoded) in one Spark job; the others (and any it declined) are left to Spark's path,
@@ -621,8 +666,8 @@ class SinkJob:
         if sent.failed:
             self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs(table=identifier))
 
-    def _records_of(self, records: DataFrame, topics: list[str]) -> DataFrame:
-        return records.where(F.col("topic").isin(topics)) if self.routes.many else records
+    def _records_of(self, records: KafkaBatch, topics: list[str]) -> KafkaBatch:
+        return records.of_topics(topics) if self.routes.many else records
 
     def _commit_offsets(self, end: Offsets) -> None:
         """Commit a batch that held no record to read: only aborted records or transaction markers.

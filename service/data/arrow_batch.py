@@ -30,7 +30,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame
 
-from service.data.arrow_decode import Declined, decode, latest_per_key
+from service.data.arrow_decode import Declined, LatestPerKey, decode
 from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
@@ -38,10 +38,10 @@ from service.model.datafile_json import from_json, to_json
 logger = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = "kind string, text string, blob binary, target string"
-# A task holds its share of the batch in memory several times over while it decodes (Arrow, Python
-# bytes, the parsed table): above this many bytes of Kafka rows it declines, and Spark's path, which
-# can spill to disk, takes the batch. Only a large backlog without kafka.max_offsets_per_trigger
-# makes batches that big.
+# The default of source.max_task_bytes: a task of the Arrow path declines past this many bytes of
+# Kafka rows (Spark's Kafka source: the task holds its share of the batch) or of changes kept (the task
+# reader: it holds one chunk of records and the changes it keeps), and Spark's path, which can spill
+# to disk, takes the batch.
 MAX_TASK_BYTES = 256 * 1024 * 1024
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
@@ -138,56 +138,146 @@ def process_tables(
         return
     table = pa.Table.from_batches(collected)
     if not targets:
-        yield from _process(specs[""], table, "")
+        task = TaskTable(specs[""], "")
+        task.add(table)
+        yield from task.finish()
         return
     # One Kafka partition at a time, as if each had its task (the job coalesces small partitions).
     for topic in pc.unique(table["topic"]).to_pylist():
         rows = table.filter(pc.equal(table["topic"], topic))
         for partition in pc.unique(rows["partition"]).to_pylist():
-            part = rows.filter(pc.equal(rows["partition"], partition))
-            yield from _process(specs[targets[topic]], part, targets[topic])
+            task = TaskTable(specs[targets[topic]], targets[topic])
+            task.add(rows.filter(pc.equal(rows["partition"], partition)))
+            yield from task.finish()
 
 
-def _process(spec: ArrowBatchSpec, table: pa.Table, target: str) -> Iterator[pa.RecordBatch]:
-    """One table's rows of one task: decode, last change per key, files."""
-    summary: dict[str, Any] = {"positions": _positions(table)}
-    write = spec.write
-    # Tombstones are deletes in upsert mode and ignored in append mode, as in Spark's path.
-    live = table if write.upsert else table.filter(pc.is_valid(table["value"]))
-    started = time.perf_counter()
-    try:
-        too_big = pc.greater(pc.binary_length(live["value"]), spec.max_record_bytes)
-        if pc.any(too_big).as_py():
-            raise Declined("a record over source.max_record_bytes")
-        decoded = decode(
-            live["value"].to_pylist(),
-            live["key"].to_pylist(),
-            live,
-            spec.columns,
-            write.key,
-            spec.schema_sections,
-        )
-        decoded_at = time.perf_counter()
-        rows = decoded.rows
-        if write.upsert:
-            rows = latest_per_key(rows, write.key)
-        else:
-            rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
-        rows = rows.select([c.name for c in spec.columns] + [OP_COLUMN])
+# A range row's reader: {topic, partition, start, end} → the range's Kafka rows, chunk by chunk.
+RangeRead = Callable[[dict[str, Any]], Iterator[pa.RecordBatch]]
+
+
+@dataclass(frozen=True)
+class Ranges:
+    """A batch given as Kafka offset ranges (one row each), which the tasks read themselves."""
+
+    frame: DataFrame
+    read: RangeRead
+
+
+def process_ranges(
+    specs: dict[str, ArrowBatchSpec],
+    targets: dict[str, str],
+    read: RangeRead,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body over offset ranges (service.kafka.ranges): each range is read by the task
+    itself, chunk by chunk, into its topic's table (``targets`` as in :func:`process_tables`)."""
+    for batch in batches:
+        for r in batch.to_pylist():
+            target = targets.get(r["topic"], "") if targets else ""
+            task = TaskTable(specs[target], target)
+            for chunk in read(r):
+                task.add(pa.Table.from_batches([chunk]))
+                if task.declined is not None:
+                    break  # its table takes Spark's path, which reads the batch again
+            yield from task.finish()
+
+
+class TaskTable:
+    """One table's rows of one task (one Kafka partition), given chunk by chunk: decoded, each key's
+    last change kept as they come (:class:`LatestPerKey`), its files written at the end.
+
+    What a task holds is one chunk of raw records and the rows it keeps (per key, in upsert mode; every
+    change but deletes in append mode), declining past ``max_task_bytes`` of them."""
+
+    def __init__(self, spec: ArrowBatchSpec, target: str) -> None:
+        self.spec = spec
+        self.target = target
+        self.declined: str | None = None
+        self.records = 0
+        self.by_op: dict[str, int] = {}
+        self.schemas: set[str] = set()
+        self.positions: dict[tuple[str, int], dict[str, Any]] = {}
+        self.seconds = {"decode": 0.0, "write": 0.0}
+        self.latest = LatestPerKey(spec.write.key) if spec.write.upsert else None
+        self.appended: list[pa.Table] = []
+        self.kept = 0
+
+    def add(self, table: pa.Table) -> None:
+        if self.declined is not None:
+            return
+        for p in _positions(table):
+            where = (str(p["topic"]), int(p["partition"] or 0))
+            seen = self.positions.setdefault(where, {**p, "bytes": 0, "newest_us": None})
+            seen["bytes"] += p["bytes"]
+            if p["newest_us"] is not None:
+                seen["newest_us"] = max(seen["newest_us"] or p["newest_us"], p["newest_us"])
+        write = self.spec.write
+        # Tombstones are deletes in upsert mode and ignored in append mode, as in Spark's path.
+        live = table if write.upsert else table.filter(pc.is_valid(table["value"]))
+        started = time.perf_counter()
+        try:
+            too_big = pc.greater(pc.binary_length(live["value"]), self.spec.max_record_bytes)
+            if pc.any(too_big).as_py():
+                raise Declined("a record over source.max_record_bytes")
+            decoded = decode(
+                live["value"].to_pylist(),
+                live["key"].to_pylist(),
+                live,
+                self.spec.columns,
+                write.key,
+                self.spec.schema_sections,
+            )
+            self.records += decoded.records
+            for op, n in decoded.by_op.items():
+                self.by_op[op] = self.by_op.get(op, 0) + n
+            self.schemas.update(decoded.schemas)
+            if self.latest is not None:
+                self.latest.add(decoded.rows)
+                self.kept = self.latest.nbytes
+            else:
+                rows = decoded.rows.filter(pc.not_equal(decoded.rows[OP_COLUMN], DELETE_OP))
+                self.appended.append(rows)
+                self.kept += rows.nbytes
+            if self.kept > self.spec.max_task_bytes:
+                raise Declined(
+                    f"the changes a task keeps are over {self.spec.max_task_bytes >> 20} MiB "
+                    "(cap batches with kafka.max_offsets_per_trigger)"
+                )
+        except Declined as exc:
+            self.declined = str(exc)
+        finally:
+            self.seconds["decode"] += time.perf_counter() - started
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """The task's output rows for this table: its files, held rows, and summary; or its decline."""
+        if self.declined is not None:
+            yield _row("declined", self.declined, target=self.target)
+            return
+        if not self.positions:
+            return
+        write, spec = self.spec.write, self.spec
+        started = time.perf_counter()
+        rows = self._rows().select([c.name for c in spec.columns] + [OP_COLUMN])
         data, deletes = ([], []) if spec.hold else write_files(write, rows)
-    except Declined as exc:
-        yield _row("declined", str(exc), target=target)
-        return
-    for f in data + deletes:
-        yield _row("file", json.dumps(to_json(f)), target=target)
-    if spec.hold and rows.num_rows:
-        yield _row("rows", "", _ipc(rows), target=target)
-    summary["records"] = decoded.records
-    summary["by_op"] = decoded.by_op
-    summary["schemas"] = decoded.schemas
-    summary["seconds"] = {"decode": decoded_at - started, "write": time.perf_counter() - decoded_at}
-    keys = _ipc(rows.select(write.key)) if write.upsert else None
-    yield _row("summary", json.dumps(summary), keys, target=target)
+        self.seconds["write"] += time.perf_counter() - started
+        for f in data + deletes:
+            yield _row("file", json.dumps(to_json(f)), target=self.target)
+        if spec.hold and rows.num_rows:
+            yield _row("rows", "", _ipc(rows), target=self.target)
+        summary = {
+            "positions": list(self.positions.values()),
+            "records": self.records,
+            "by_op": self.by_op,
+            "schemas": sorted(self.schemas),
+            "seconds": self.seconds,
+        }
+        keys = _ipc(rows.select(write.key)) if write.upsert else None
+        yield _row("summary", json.dumps(summary), keys, target=self.target)
+
+    def _rows(self) -> pa.Table:
+        """The rows to write: every key's last change (upsert), or every change but deletes (append);
+        a task with records always added some (a chunk is never empty)."""
+        return self.latest.result() if self.latest is not None else pa.concat_tables(self.appended)
 
 
 def _delete_quietly(spec: WriteSpec, files: list[DataFile]) -> None:
@@ -210,14 +300,25 @@ def _keys_in_two_tasks(blobs: list[bytes]) -> bool:
 
 
 def run(
-    records: DataFrame, spec: ArrowBatchSpec, check_schemas: Callable[[set[str]], str | None] | None = None
+    records: DataFrame,
+    spec: ArrowBatchSpec,
+    check_schemas: Callable[[set[str]], str | None] | None = None,
+    ranges: Ranges | None = None,
 ) -> ArrowBatch:
     """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
     a task declined, a key turned up in two tasks, or ``check_schemas`` gives a reason not to take
-    the events' schema sections (a schema the table must evolve for first)."""
-    rows = (
-        records.select(*KAFKA_COLUMNS).mapInArrow(partial(process_partition, spec), OUTPUT_SCHEMA).collect()
-    )
+    the events' schema sections (a schema the table must evolve for first). With ``ranges`` the
+    tasks read the batch's records themselves (one task per Kafka partition) rather than take
+    ``records`` from Spark's source."""
+    if ranges is not None:
+        task = partial(process_ranges, {"": spec}, {}, ranges.read)
+        rows = ranges.frame.mapInArrow(task, OUTPUT_SCHEMA).collect()
+    else:
+        rows = (
+            records.select(*KAFKA_COLUMNS)
+            .mapInArrow(partial(process_partition, spec), OUTPUT_SCHEMA)
+            .collect()
+        )
     outcome = _outcome(spec, rows, check_schemas)
     if isinstance(outcome, str):
         raise Declined(outcome)
@@ -233,7 +334,9 @@ class TableSpec:
     check_schemas: Callable[[set[str]], str | None] | None = None
 
 
-def run_tables(records: DataFrame, tables: dict[str, TableSpec], tasks: int) -> dict[str, ArrowBatch | str]:
+def run_tables(
+    records: DataFrame, tables: dict[str, TableSpec], tasks: int, ranges: Ranges | None = None
+) -> dict[str, ArrowBatch | str]:
     """Write a batch of several tables in one Spark job: each Kafka partition's rows go into its
     topic's table. Per table, its :class:`ArrowBatch`, or why it was declined (its files deleted):
     the declined tables take Spark's path, the others are done.
@@ -243,13 +346,17 @@ def run_tables(records: DataFrame, tables: dict[str, TableSpec], tasks: int) -> 
     most ``tasks`` tasks, each of which still handles partition by partition."""
     specs = {name: t.spec for name, t in tables.items()}
     targets = {topic: name for name, t in tables.items() for topic in t.topics}
-    rows = (
-        records.where(records["topic"].isin(list(targets)))
-        .coalesce(tasks)
-        .select(*KAFKA_COLUMNS)
-        .mapInArrow(partial(process_tables, specs, targets), OUTPUT_SCHEMA)
-        .collect()
-    )
+    if ranges is not None:
+        frame = ranges.frame.where(ranges.frame["topic"].isin(list(targets))).coalesce(tasks)
+        rows = frame.mapInArrow(partial(process_ranges, specs, targets, ranges.read), OUTPUT_SCHEMA).collect()
+    else:
+        rows = (
+            records.where(records["topic"].isin(list(targets)))
+            .coalesce(tasks)
+            .select(*KAFKA_COLUMNS)
+            .mapInArrow(partial(process_tables, specs, targets), OUTPUT_SCHEMA)
+            .collect()
+        )
     by_table: dict[str, list[Any]] = {name: [] for name in tables}
     for r in rows:
         by_table[r["target"]].append(r)

@@ -567,3 +567,51 @@ def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
     last = rows.group_by(key, use_threads=False).aggregate([(_RANK, "max")])
     positions = last[f"{_RANK}_max"]
     return rows.take(pc.take(positions, pc.sort_indices(positions))).drop_columns([_RANK])
+
+
+_ROW = "__icesink_row"
+
+
+class LatestPerKey:
+    """:func:`latest_per_key` over a task's rows given chunk by chunk, in offset order per partition,
+    holding two rows per key at most rather than every change.
+
+    Per key it keeps the last change so far and, if another, the last row (by offset) of each of the
+    key's partitions that has a source position: a later row without one (a tombstone) takes its
+    position from that row, exactly as if the whole batch had been compacted at once.
+    """
+
+    def __init__(self, key: list[str]) -> None:
+        self.key = key
+        self.rows: pa.Table | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.rows is None else self.rows.nbytes
+
+    def add(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        merged = rows if self.rows is None else pa.concat_tables([self.rows, rows])
+        merged = merged.append_column(_ROW, pa.array(np.arange(merged.num_rows), pa.int64()))
+        keep = np.union1d(latest_per_key(merged, self.key)[_ROW].to_numpy(), self._last_with_source(merged))
+        self.rows = merged.take(pa.array(keep)).drop_columns([_ROW]).combine_chunks()
+
+    def _last_with_source(self, rows: pa.Table) -> np.ndarray:
+        """Row numbers of each (key, topic, partition)'s last row with a source position."""
+        has = reduce(pc.or_, [pc.is_valid(rows[c]) for c in SOURCE_COLUMNS])
+        lanes = [*self.key, *KAFKA_POSITION[:2]]
+        with_source = rows.select([*lanes, "offset", _ROW]).filter(has)
+        if with_source.num_rows == 0:
+            return np.empty(0, dtype=np.int64)
+        last = with_source.group_by(lanes, use_threads=False).aggregate([("offset", "max")])
+        joined = with_source.join(last, lanes, join_type="inner").filter(
+            pc.equal(pc.field("offset"), pc.field("offset_max"))
+        )
+        return np.asarray(joined[_ROW].to_numpy(), dtype=np.int64)
+
+    def result(self) -> pa.Table:
+        """The last change of every key (what :func:`latest_per_key` gives for all the rows added)."""
+        if self.rows is None:
+            raise ValueError("no rows were added")
+        return latest_per_key(self.rows, self.key)

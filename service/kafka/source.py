@@ -39,6 +39,14 @@ def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
     return {"bootstrap.servers": kafka.bootstrap_servers, "logger": CLIENT_LOGGER, **options, **extra}
 
 
+def task_client(kafka: KafkaConfig) -> dict[str, Any]:
+    """The librdkafka properties a Spark task reads its offset range with (service.kafka.reader):
+    the client's, at the sink's isolation level, without the logger object, which stays here."""
+    options = client_config(kafka, **{"isolation.level": kafka.isolation_level})
+    options.pop("logger")
+    return options
+
+
 # Spark's tasks read bounded offset ranges, and the broker holds a fetch that finds no new data for
 # fetch.max.wait.ms (500 ms by default): a read of a partition paid it once or more, and a task that
 # reads many small partitions one after the other (a sink of many topics, whose partitions are

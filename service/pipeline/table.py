@@ -43,6 +43,7 @@ from service.iceberg.tables import (
     parse_partition_field,
 )
 from service.kafka import dead_letter
+from service.kafka.batch import KafkaBatch
 from service.kafka.source import Peek, peek
 from service.metrics import SinkMetrics
 from service.model.columns import (
@@ -200,7 +201,7 @@ class TablePipeline:
     def arrow_ready(self) -> bool:
         return self.schemas.arrow_ready()
 
-    def write_arrow(self, records: DataFrame, offsets: Offsets) -> TableWrite | None:
+    def write_arrow(self, records: KafkaBatch, offsets: Offsets) -> TableWrite | None:
         """The batch through the one-job Arrow path; None if the Arrow decoder declined it."""
         started = time.monotonic()
         try:
@@ -307,15 +308,16 @@ class TablePipeline:
             write=self._write_spec(table),
             columns=self.schemas.columns,
             max_record_bytes=self.config.source.max_record_bytes,
+            max_task_bytes=self.config.source.max_task_bytes,
             schema_sections=self.schemas.track,
             hold=hold,
         )
         check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
         return arrow_batch.TableSpec(spec, topics, check_schemas)
 
-    def _arrow_run(self, records: DataFrame) -> arrow_batch.ArrowBatch:
+    def _arrow_run(self, records: KafkaBatch) -> arrow_batch.ArrowBatch:
         table_spec = self.arrow_spec([])
-        return arrow_batch.run(records, table_spec.spec, table_spec.check_schemas)
+        return arrow_batch.run(records.rows, table_spec.spec, table_spec.check_schemas, arrow_ranges(records))
 
     def _spark_write(
         self,
@@ -414,8 +416,15 @@ class ArrowTables:
     held: dict[str, arrow_batch.ArrowBatch] = field(default_factory=dict)
 
 
+def arrow_ranges(records: KafkaBatch) -> arrow_batch.Ranges | None:
+    """The batch's offset ranges for the Arrow path's tasks to read, when the source planned them."""
+    if records.ranges is None or records.read is None:
+        return None
+    return arrow_batch.Ranges(records.ranges, records.read)
+
+
 def write_arrow_tables(
-    records: DataFrame,
+    records: KafkaBatch,
     tables: dict[str, tuple[TablePipeline, list[str], Offsets]],
     hold: frozenset[str] | set[str] = frozenset(),
 ) -> ArrowTables:
@@ -431,7 +440,9 @@ def write_arrow_tables(
         for name, (pipeline, topics, _) in tables.items():
             specs[name] = pipeline.arrow_spec(topics, hold=name in hold)
         specified = time.monotonic()
-        outcomes = arrow_batch.run_tables(records, specs, first.config.write.parallelism)
+        outcomes = arrow_batch.run_tables(
+            records.rows, specs, first.config.write.parallelism, arrow_ranges(records)
+        )
         logger.debug(
             "%d tables in one job (%d held): their specs (table metadata) %.2fs, the job %.2fs",
             len(tables),

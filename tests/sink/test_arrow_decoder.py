@@ -729,3 +729,40 @@ def test_a_task_over_its_memory_bound_declines() -> None:
     out = pa.Table.from_batches(list(process_partition(spec, iter([batch, batch])))).to_pylist()
     assert [r["kind"] for r in out] == ["declined"]
     assert "kafka.max_offsets_per_trigger" in out[0]["text"]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7])
+def test_compacting_chunk_by_chunk_keeps_what_the_whole_batch_keeps(chunk: int) -> None:
+    """A task that reads its range chunk by chunk keeps each key's last change as it goes
+    (LatestPerKey): the same rows as compacting the whole batch at once, the cases of source order
+    (a tombstone taking its predecessor's position across a chunk's edge) included."""
+    from service.data.arrow_decode import LatestPerKey
+
+    rng = random.Random(11)
+    records = _order_records()
+    for offset in range(40):  # more changes of a few keys, some without a source position
+        key = rng.randrange(100, 104)
+        source = None if rng.random() < 0.3 else {"lsn": rng.randrange(1000, 1100)}
+        value = json.dumps(_envelope("u", _good_row(rng, key), None, source)).encode()
+        records.append((json.dumps({"id": key}).encode(), value, "t9", 0, offset))
+    records.sort(key=lambda r: (r[2], r[3], r[4]))
+
+    def decoded(rows: list[tuple[bytes, bytes | None, str, int, int]]) -> pa.Table:
+        kafka = pa.table(
+            {
+                "topic": [t for _, _, t, _, _ in rows],
+                "partition": pa.array([p for _, _, _, p, _ in rows], pa.int32()),
+                "offset": pa.array([o for *_, o in rows], pa.int64()),
+            }
+        )
+        return decode([v for _, v, *_ in rows], [k for k, *_ in rows], kafka, COLUMNS, KEY).rows
+
+    def kept(rows: pa.Table) -> set[tuple[Any, ...]]:
+        return {tuple(r.values()) for r in rows.select(["id", "topic", "partition", "offset"]).to_pylist()}
+
+    whole = latest_per_key(decoded(records), KEY)
+    latest = LatestPerKey(KEY)
+    for start in range(0, len(records), chunk):
+        latest.add(decoded(records[start : start + chunk]))
+    assert latest.rows is not None and latest.rows.num_rows <= 2 * whole.num_rows
+    assert kept(latest.result()) == kept(whole)

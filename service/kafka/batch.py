@@ -1,0 +1,59 @@
+"""A micro-batch's Kafka records, as the stages after the source need them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from service.kafka.reader import SPARK_KAFKA_SCHEMA, OffsetRange, read_range
+
+# A range row ({topic, partition, start, end}) → its Kafka rows, chunk by chunk, in the task.
+RangeRead = Callable[[dict[str, Any]], Iterator[pa.RecordBatch]]
+
+
+def _read_row(client: dict[str, Any], chunk_records: int, row: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    r = OffsetRange(row["topic"], int(row["partition"]), int(row["start"]), int(row["end"]))
+    return read_range(client, r, chunk_records)
+
+
+def _read_rows(read: RangeRead, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for row in batch.to_pylist():
+            yield from read(row)
+
+
+@dataclass(frozen=True)
+class KafkaBatch:
+    """``rows``: the records as Spark's Kafka source gives them (key, value, topic, partition, offset,
+    timestamp), what Spark's decoder and the dead-letter writer read. With the task reader
+    (:mod:`service.kafka.ranges`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
+    reads one: the Arrow path's tasks read their range themselves, and ``rows`` is read from the same
+    ranges only if Spark's decoder needs it."""
+
+    rows: DataFrame
+    ranges: DataFrame | None = None
+    read: RangeRead | None = None
+
+    @classmethod
+    def of_ranges(cls, ranges: DataFrame, client: dict[str, Any], chunk_records: int) -> KafkaBatch:
+        read = partial(_read_row, client, chunk_records)
+        return cls(ranges.mapInArrow(partial(_read_rows, read), SPARK_KAFKA_SCHEMA), ranges, read)
+
+    def of_topics(self, topics: list[str]) -> KafkaBatch:
+        def only(frame: DataFrame) -> DataFrame:
+            return frame.where(F.col("topic").isin(topics))
+
+        return replace(self, rows=only(self.rows), ranges=None if self.ranges is None else only(self.ranges))
+
+    def persist(self) -> KafkaBatch:
+        """The rows kept after their first read (Spark's path reads them several times)."""
+        return replace(self, rows=self.rows.persist())
+
+    def unpersist(self) -> None:
+        self.rows.unpersist()

@@ -1,0 +1,189 @@
+"""The stream's source: a Spark Python streaming data source that plans Kafka offset ranges.
+
+Spark keeps planning and scheduling the work (triggers, the offset log in the checkpoint, one task
+per range), but the source's rows are ranges, not records: one row ``(topic, partition, start, end)``
+per partition that moved. The tasks of the batch's own job read their range with librdkafka
+(:mod:`service.kafka.reader`) where they decode it, so no JVM Kafka consumer reads the records and no
+record crosses from the JVM to Python. Spark's decoder, for a batch the Arrow decoder declines, gets
+the records as a DataFrame read from the same ranges (:class:`service.kafka.batch.KafkaBatch`).
+
+The source's offsets have the shape of Spark's Kafka source (``{topic: {"partition": offset}}``), so
+the checkpoint's offset log is read the same way (:func:`service.kafka.source.batch_end_offsets`).
+The planning methods run in a Python process the driver's JVM starts: what they need travels in the
+class (:func:`source_class`), pickled by value, never through Spark options, which the plan shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from service.kafka.reader import RANGE_SCHEMA
+from service.model.offsets import Offsets
+
+logger = logging.getLogger(__name__)
+FORMAT = "icesink_kafka"
+EARLIEST = -2  # a partition's start before it is resolved: its earliest offset
+
+
+@dataclass(frozen=True)
+class RangePlan:
+    """What the source needs to plan ranges; pickled to the planning process."""
+
+    client: dict[str, Any]  # librdkafka properties (no logger object), the isolation level included
+    topics: list[str] = field(default_factory=list)
+    pattern: str | None = None
+    starting: Offsets = field(default_factory=dict)  # committed offsets; EARLIEST where none
+    max_offsets_per_trigger: int | None = None
+    until: Offsets | None = None  # stop planning past these (catching up, then stopping)
+    timeout_s: float = 15.0
+
+    def reads(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, topic) is not None and not topic.startswith("__")
+        return topic in self.topics
+
+
+def _as_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(offsets.items())}
+
+
+def _from_json(offsets: dict[str, Any]) -> Offsets:
+    return {t: {int(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()}
+
+
+def cap(start: Offsets, latest: Offsets, budget: int | None) -> Offsets:
+    """``latest``, or short of it so that at most ``budget`` offsets are planned in all.
+
+    As Spark's Kafka source does with ``maxOffsetsPerTrigger``, the budget is shared among the
+    partitions in proportion to what each has to read (every partition with something to read gets
+    at least one offset), so no partition starves behind a busy one.
+    """
+    lag = {(t, p): max(0, o - start.get(t, {}).get(p, o)) for t, ps in latest.items() for p, o in ps.items()}
+    total = sum(lag.values())
+    if budget is None or total <= budget:
+        return {t: dict(ps) for t, ps in latest.items()}
+    out: Offsets = {}
+    for (t, p), n in sorted(lag.items()):
+        begin = start.get(t, {}).get(p, latest[t][p])
+        share = max(1, n * budget // total) if n else 0
+        out.setdefault(t, {})[p] = begin + min(n, share)
+    return out
+
+
+class RangeReader(DataSourceStreamReader):
+    def __init__(self, plan: RangePlan) -> None:
+        self.plan = plan
+        self._admin: AdminClient | None = None
+        self._last: Offsets | None = None  # the end of the last batch planned
+
+    def _client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self.plan.client)
+        return self._admin
+
+    def _partitions(self) -> dict[str, list[int]]:
+        try:
+            meta = self._client().list_topics(timeout=self.plan.timeout_s)
+        except KafkaException as exc:
+            raise RuntimeError(f"Kafka did not answer: {exc}") from None
+        return {
+            name: sorted(info.partitions)
+            for name, info in sorted(meta.topics.items())
+            if self.plan.reads(name) and info.error is None and info.partitions
+        }
+
+    def _list(self, parts: dict[str, list[int]], spec: OffsetSpec) -> Offsets:
+        """One request for every partition's earliest or end offset (the last stable offset under
+        read_committed)."""
+        if not parts:
+            return {}
+        committed = self.plan.client.get("isolation.level", "read_committed") == "read_committed"
+        futures = self._client().list_offsets(
+            {TopicPartition(t, p): spec for t, ps in parts.items() for p in ps},
+            isolation_level=IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=self.plan.timeout_s,
+        )
+        out: Offsets = {}
+        for tp, future in futures.items():
+            out.setdefault(tp.topic, {})[tp.partition] = int(future.result(self.plan.timeout_s).offset)
+        return out
+
+    def _resolve(self, offsets: Offsets, parts: dict[str, list[int]]) -> Offsets:
+        """``offsets`` for every partition of ``parts``, the earliest where it has none (or EARLIEST)."""
+        missing = {
+            t: [p for p in ps if offsets.get(t, {}).get(p, EARLIEST) == EARLIEST] for t, ps in parts.items()
+        }
+        earliest = self._list({t: ps for t, ps in missing.items() if ps}, OffsetSpec.earliest())
+        out: Offsets = {t: dict(ps) for t, ps in offsets.items()}
+        for t, ps in earliest.items():
+            out.setdefault(t, {}).update(ps)
+        return out
+
+    def initialOffset(self) -> dict[str, Any]:
+        start = self._resolve(self.plan.starting, self._partitions())
+        self._last = start
+        return _as_json(start)
+
+    def latestOffset(self) -> dict[str, Any]:
+        parts = self._partitions()
+        start = self._resolve(self._last if self._last is not None else self.plan.starting, parts)
+        latest = self._list(parts, OffsetSpec.latest())
+        if self.plan.until is not None:  # nothing past the target, and nothing of a topic born since
+            latest = {
+                t: {
+                    p: min(o, self.plan.until[t][p]) for p, o in ps.items() if p in self.plan.until.get(t, {})
+                }
+                for t, ps in latest.items()
+                if t in self.plan.until
+            }
+        end = cap(start, latest, self.plan.max_offsets_per_trigger)
+        self._last = {t: {**start.get(t, {}), **ps} for t, ps in end.items()} | {
+            t: ps for t, ps in start.items() if t not in end
+        }
+        return _as_json(self._last)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, stop = _from_json(start), _from_json(end)
+        out = []
+        for t, ps in sorted(stop.items()):
+            for p, o in sorted(ps.items()):
+                s = begin.get(t, {}).get(p)
+                if s is None:  # a partition born since the last batch: from its earliest offset
+                    s = self._resolve({}, {t: [p]})[t][p]
+                if o > s:
+                    out.append(InputPartition((t, p, s, o)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
+        yield tuple(partition.value)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the sink's offsets live in the txnlog
+
+    def stop(self) -> None:
+        self._admin = None
+
+
+def source_class(plan: RangePlan) -> type[DataSource]:
+    """A data source class bound to ``plan`` (defined here so that it is pickled by value with it)."""
+
+    class IcesinkKafka(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return FORMAT
+
+        def schema(self) -> str:
+            return RANGE_SCHEMA
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return RangeReader(plan)
+
+    return IcesinkKafka

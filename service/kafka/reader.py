@@ -1,0 +1,132 @@
+"""A Spark task's read of one Kafka offset range with librdkafka, straight into Arrow, chunk by chunk.
+
+Spark's Kafka source reads in the JVM and hands every row to the Python workers that decode it; here
+the Python task that decodes a range reads it too (``confluent_kafka``), so a record crosses no
+process boundary between the broker and the decoder, and a task holds one chunk of raw records at a
+time rather than its whole share of the batch (:mod:`service.data.arrow_batch` compacts as it goes).
+
+A range is ``[start, end)`` of one partition, as the source planned it
+(:mod:`service.kafka.ranges`). Under ``read_committed`` librdkafka skips the records of aborted
+transactions and the transaction markers, so the last record read may fall short of ``end``: the read
+is over at the first record at or past ``end``, or when the partition's end is reached at or past
+``end``. A range whose start Kafka no longer holds fails the read (:class:`RangeGone`), never skips.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+KAFKA_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+SPARK_KAFKA_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp timestamp"
+RANGE_SCHEMA = "topic string, partition int, start long, end long"
+# How long a read waits for the records it was planned to read before it gives up: they were in
+# Kafka when the range was planned, so a read that waits this long is facing a broker that is down.
+READ_TIMEOUT_S = 120.0
+
+
+class RangeGone(RuntimeError):
+    """Kafka no longer holds the start of a range (retention deleted records the sink had not read)."""
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] {self.start}..{self.end}"
+
+
+def _chunk(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch:
+    n = len(messages)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            pa.array([m.timestamp()[1] * 1000 for m in messages], pa.int64()).cast(
+                KAFKA_SCHEMA.field(5).type
+            ),
+        ],
+        schema=KAFKA_SCHEMA,
+    )
+
+
+def read_range(
+    client: dict[str, Any], r: OffsetRange, chunk_records: int, timeout_s: float = READ_TIMEOUT_S
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``r`` as Arrow batches of at most ``chunk_records`` rows (:data:`KAFKA_SCHEMA`).
+
+    ``client``: librdkafka properties (:func:`service.kafka.source.client_config` without its logger,
+    which does not travel to the tasks), the isolation level included.
+    """
+    if r.end <= r.start:
+        return
+    consumer = Consumer(
+        {
+            **client,
+            "group.id": f"icesink-read-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",  # a start Kafka no longer holds is an error, not a skip
+            "fetch.wait.max.ms": int(client.get("fetch.wait.max.ms", 10)),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+        pending: list[Any] = []
+        waited = 0.0
+        done = False
+        while not done:
+            messages = consumer.consume(
+                num_messages=max(1, min(chunk_records - len(pending), 10_000)), timeout=1.0
+            )
+            if not messages:
+                waited += 1.0
+                if waited >= timeout_s:
+                    raise TimeoutError(f"reading {r}: no record for {timeout_s:.0f}s (is the broker up?)")
+                continue
+            waited = 0.0
+            for m in messages:
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        if int(m.offset() or 0) >= r.end:
+                            done = True
+                            break
+                        continue
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET or "out of range" in error.str().lower():
+                        raise RangeGone(f"{r}: Kafka no longer holds offset {r.start} ({error.str()})")
+                    raise KafkaException(error)
+                offset = int(m.offset() or 0)
+                if offset >= r.end:
+                    done = True
+                    break
+                pending.append(m)
+                if offset == r.end - 1:
+                    done = True
+                    break
+            if len(pending) >= chunk_records or (done and pending):
+                yield _chunk(pending, r.topic, r.partition)
+                pending = []
+    finally:
+        consumer.close()
