@@ -14,6 +14,7 @@ is over at the first record at or past ``end``, or when the partition's end is r
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,23 +90,30 @@ def read_range(
             "enable.partition.eof": True,
             "auto.offset.reset": "error",  # a start Kafka no longer holds is an error, not a skip
             "fetch.wait.max.ms": int(client.get("fetch.wait.max.ms", 10)),
+            # Larger fetches than librdkafka's 1 MiB per partition (measured: a 100k-record range
+            # in 0.16 s instead of 0.39 s), and a prefetch queue bounded to 32 MiB per task.
+            "fetch.message.max.bytes": int(client.get("fetch.message.max.bytes", 8 << 20)),
+            "queued.max.messages.kbytes": int(client.get("queued.max.messages.kbytes", 32 << 10)),
         }
     )
     try:
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
         pending: list[Any] = []
-        waited = 0.0
+        position = r.start  # the offset after the last chunk handed on
+        progress = time.monotonic()
         done = False
         while not done:
-            messages = consumer.consume(
-                num_messages=max(1, min(chunk_records - len(pending), 10_000)), timeout=1.0
-            )
+            # consume() waits until it has num_messages or the timeout passed: never ask for more
+            # than the range still holds (markers and aborted records take offsets too; the
+            # partition's end or a record past the range then completes the call).
+            left = r.end - (int(pending[-1].offset()) + 1 if pending else position)
+            want = max(1, min(chunk_records - len(pending), left, 10_000))
+            messages = consumer.consume(num_messages=want, timeout=0.1)
             if not messages:
-                waited += 1.0
-                if waited >= timeout_s:
+                if time.monotonic() - progress >= timeout_s:
                     raise TimeoutError(f"reading {r}: no record for {timeout_s:.0f}s (is the broker up?)")
                 continue
-            waited = 0.0
+            progress = time.monotonic()
             for m in messages:
                 error = m.error()
                 if error is not None:
@@ -126,6 +134,7 @@ def read_range(
                     done = True
                     break
             if len(pending) >= chunk_records or (done and pending):
+                position = int(pending[-1].offset()) + 1
                 yield _chunk(pending, r.topic, r.partition)
                 pending = []
     finally:
