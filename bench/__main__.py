@@ -425,9 +425,12 @@ class Bench:
                 runs[key] = self.icesink(mode, repo)
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
-            if self.args.spark_decoder:
-                key = f"{part}@spark-decoder"
-                runs[key] = self.icesink(mode, extra={"source": {"decoder": "spark"}})
+            settings = {"spark-reader": {"reader": "spark"}, "spark-decoder": {"decoder": "spark"}}
+            for label, source in settings.items():
+                if not getattr(self.args, label.replace("-", "_")):
+                    continue
+                key = f"{part}@{label}"
+                runs[key] = self.icesink(mode, extra={"source": source})
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         elif part == "icesink-many":
@@ -585,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         "--many-serial",
         action="store_true",
         help="also run the many-tables part with commit.concurrency 1 (tables committed one by one)",
+    )
+    p.add_argument(
+        "--spark-reader",
+        action="store_true",
+        help="also run each icesink configuration with source.reader=spark (Spark's Kafka source reads "
+        "the records in the JVM, as before the task reader)",
     )
     p.add_argument(
         "--spark-decoder",
