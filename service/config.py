@@ -292,6 +292,11 @@ class CommitConfig(_Section):
     concurrency: int = Field(
         default=8, ge=1, description="Tables committed at once when a batch touches several tables."
     )
+    overlap: bool = Field(
+        default=True,
+        description="Commit a batch in the background while the next one is read and written (commits "
+        "stay one at a time, in order); false: each batch waits for its commit.",
+    )
     # A sink of many tables: a table's changes are held (their offsets not committed) until it has
     # this many, or its oldest held change waited this long (service.pipeline.held).
     table_min_records: int | None = Field(default=None, ge=1)

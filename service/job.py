@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from service.channel.cadence import Buffer, CommitCadence
-from service.channel.committer import Committer
+from service.channel.committer import CommitResult, Committer
+from service.channel.overlap import Commits
 from service.channel.pending import BatchPlan, PendingCommit
 from service.config import SinkConfig
 from service.failpoints import configure as configure_failpoints
@@ -141,12 +142,13 @@ class SinkJob:
         self.committer = Committer(
             self.log,
             self.lease,
-            self.catalog,
+            connect(self.config),  # its own: the commit may run in the background (service.channel.overlap)
             self.metrics,
             max_attempts=self.config.commit.retries,
             concurrency=self.config.commit.concurrency,
             catalog_factory=lambda: connect(self.config),
         )
+        self.commits = Commits(self.committer, self.config.commit.overlap)
         for identifier in self.routes.pipelines:
             self._check_log_is_current(identifier)
         try:
@@ -289,6 +291,7 @@ class SinkJob:
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
                     self._commit_held(self.held.tables() if self.held else [], "the stream ended")
+                    self.commits.wait()
         except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None
@@ -297,6 +300,7 @@ class SinkJob:
         finally:
             if query.isActive:  # this loop failed (an idle flush): no batch may run after it
                 query.stop()
+            self.commits.close()
             self.health.set_not_ready("stopped")
             lag_monitor.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -693,15 +697,18 @@ class SinkJob:
             plan = self._offsets_plan(offsets)
         for write in writes:
             self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
-        before = time.monotonic()
-        result = self.committer.commit(plan)
-        commit_s = time.monotonic() - before
+        # The offsets of the last plan handed over: committed, or being committed in the background;
+        # a plan that fails stops the sink, and the next start reads the txnlog's.
         self.offsets = offsets
-        for write, table_plan in zip(writes, plans, strict=True):
-            report_commit(self.metrics, write, table_plan, result.seq, commit_s)
-        if not writes:
-            logger.info("committed seq %d: offsets only (no records to write)", result.seq)
-        if self._target is not None:
-            done = sum(o for t in self.offsets.values() for o in t.values())
-            todo = sum(o for t in self._target.values() for o in t.values())
-            logger.info("catch-up progress: %d of %d offsets", min(done, todo), todo)
+
+        def done(result: CommitResult, commit_s: float) -> None:
+            for write, table_plan in zip(writes, plans, strict=True):
+                report_commit(self.metrics, write, table_plan, result.seq, commit_s)
+            if not writes:
+                logger.info("committed seq %d: offsets only (no records to write)", result.seq)
+            if self._target is not None:
+                reached = sum(o for t in offsets.values() for o in t.values())
+                todo = sum(o for t in self._target.values() for o in t.values())
+                logger.info("catch-up progress: %d of %d offsets", min(reached, todo), todo)
+
+        self.commits.submit(plan, done)

@@ -70,11 +70,19 @@ def cap(start: Offsets, latest: Offsets, budget: int | None) -> Offsets:
     total = sum(lag.values())
     if budget is None or total <= budget:
         return {t: dict(ps) for t, ps in latest.items()}
+    # Floor shares first; what rounding left over goes one offset each to the partitions with the
+    # most left to read, so a batch holds the whole budget (no batch of a few stragglers after it).
+    shares = {tp: max(1, n * budget // total) if n else 0 for tp, n in lag.items()}
+    spare = budget - sum(shares.values())
+    for tp in sorted(lag, key=lambda tp: lag[tp] - shares[tp], reverse=True):
+        if spare <= 0:
+            break
+        if lag[tp] > shares[tp]:
+            shares[tp] += 1
+            spare -= 1
     out: Offsets = {}
     for (t, p), n in sorted(lag.items()):
-        begin = start.get(t, {}).get(p, latest[t][p])
-        share = max(1, n * budget // total) if n else 0
-        out.setdefault(t, {})[p] = begin + min(n, share)
+        out.setdefault(t, {})[p] = start.get(t, {}).get(p, latest[t][p]) + min(n, shares[(t, p)])
     return out
 
 

@@ -1,0 +1,66 @@
+"""Batch N's commit in the background while batch N+1 is read and written.
+
+A batch's fixed costs are mostly waits: Spark's job, then the txnlog precommit, the Iceberg commit
+and the txnlog commit (round trips to Postgres and the catalog). Run one after the other, the commit
+adds its whole duration to every batch; here the job hands the plan over and goes on with the next
+batch while one thread commits it. What stays as it was: plans are committed one at a time in the
+order they were handed over (the next one waits for the one before to finish, and a failure of the
+one before is raised there, so nothing is precommitted after a plan that failed); the txnlog protocol
+is :class:`Committer`'s, unchanged, fencing included (each precommit checks the epoch).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from service.channel.committer import CommitResult, Committer
+from service.channel.pending import BatchPlan
+
+logger = logging.getLogger(__name__)
+
+
+class Commits:
+    """Hands plans to ``committer`` one at a time: in the background (``overlap``), or in the caller."""
+
+    def __init__(self, committer: Committer, overlap: bool) -> None:
+        self.committer = committer
+        self.overlap = overlap
+        self._pool = ThreadPoolExecutor(1, "icesink-commit-overlap") if overlap else None
+        self._in_flight: Future[None] | None = None
+
+    def submit(self, plan: BatchPlan, done: Callable[[CommitResult, float], None]) -> None:
+        """Commit ``plan`` after the plan before it; ``done`` reports it (in the committing thread),
+        with the seconds the commit took.
+
+        Raises the failure of the plan before, if it failed: this one is then never precommitted.
+        """
+        self.wait()
+
+        def commit() -> None:
+            started = time.monotonic()
+            result = self.committer.commit(plan)
+            done(result, time.monotonic() - started)
+
+        if self._pool is None:
+            commit()
+        else:
+            self._in_flight = self._pool.submit(commit)
+
+    def wait(self) -> None:
+        """Until the plan in flight (if any) is committed; raises its failure."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def close(self) -> None:
+        """Wait for the plan in flight without raising (the sink is stopping for another reason); a
+        plan whose commit failed stays precommitted, and the next start finishes it."""
+        try:
+            self.wait()
+        except Exception as exc:
+            logger.warning("the commit in flight failed while the sink stopped: %s", exc)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
