@@ -34,8 +34,11 @@ from service.data.arrow_decode import Declined, LatestPerKey, decode
 from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
+from service.pyworker import quiet_zip_importers
 
 logger = logging.getLogger(__name__)
+# Imported in the Python workers (the tasks' functions live here): set them up once.
+quiet_zip_importers()
 
 OUTPUT_SCHEMA = "kind string, text string, blob binary, target string"
 # The default of source.max_task_bytes: a task of the Arrow path declines past this many bytes of
@@ -175,10 +178,14 @@ def process_ranges(
         for r in batch.to_pylist():
             target = targets.get(r["topic"], "") if targets else ""
             task = TaskTable(specs[target], target)
-            for chunk in read(r):
+            chunks = read(r)
+            while task.declined is None:  # once declined, its table takes Spark's path, which reads again
+                started = time.perf_counter()
+                chunk = next(chunks, None)
+                task.seconds["read"] += time.perf_counter() - started
+                if chunk is None:
+                    break
                 task.add(pa.Table.from_batches([chunk]))
-                if task.declined is not None:
-                    break  # its table takes Spark's path, which reads the batch again
             yield from task.finish()
 
 
@@ -197,7 +204,7 @@ class TaskTable:
         self.by_op: dict[str, int] = {}
         self.schemas: set[str] = set()
         self.positions: dict[tuple[str, int], dict[str, Any]] = {}
-        self.seconds = {"decode": 0.0, "write": 0.0}
+        self.seconds = {"read": 0.0, "decode": 0.0, "write": 0.0}
         self.latest = LatestPerKey(spec.write.key) if spec.write.upsert else None
         self.appended: list[pa.Table] = []
         self.kept = 0
