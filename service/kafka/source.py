@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -34,9 +35,32 @@ class SourceError(RuntimeError):
     """Kafka can't be read as configured (unreachable broker, missing topic)."""
 
 
+_JAAS_FIELD = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def jaas_credentials(jaas: str) -> dict[str, str]:
+    """``sasl.username``/``sasl.password`` from a Java client's ``sasl.jaas.config`` for PLAIN or
+    SCRAM (``...LoginModule required username="u" password="p";``), so that one set of client
+    properties serves Spark's source and librdkafka alike; other login modules map to nothing."""
+    if "PlainLoginModule" not in jaas and "ScramLoginModule" not in jaas:
+        return {}
+    fields = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_FIELD.findall(jaas)}
+    return {f"sasl.{k}": fields[k] for k in ("username", "password") if k in fields}
+
+
 def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
+    """librdkafka's properties: ``kafka.options`` without the Java client's own, whose PLAIN or SCRAM
+    credentials in ``sasl.jaas.config`` become ``sasl.username``/``sasl.password`` (unless given)."""
     options = {k: v for k, v in kafka.options.items() if not k.startswith(_JAVA_ONLY)}
-    return {"bootstrap.servers": kafka.bootstrap_servers, "logger": CLIENT_LOGGER, **options, **extra}
+    jaas = kafka.options.get("sasl.jaas.config")
+    mapped = {k: v for k, v in jaas_credentials(jaas).items() if k not in options} if jaas else {}
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "logger": CLIENT_LOGGER,
+        **mapped,
+        **options,
+        **extra,
+    }
 
 
 def task_client(kafka: KafkaConfig) -> dict[str, Any]:

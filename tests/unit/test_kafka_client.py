@@ -1,0 +1,48 @@
+"""One set of Kafka client properties for Spark's Java source and librdkafka (the task reader)."""
+
+from __future__ import annotations
+
+from service.config import KafkaConfig
+from service.kafka.source import client_config, jaas_credentials, task_client
+
+
+def test_scram_credentials_in_a_jaas_config_are_mapped_for_librdkafka() -> None:
+    jaas = (
+        'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="p\\"w";'
+    )
+    assert jaas_credentials(jaas) == {"sasl.username": "alice", "sasl.password": 'p"w'}
+
+
+def test_a_login_module_without_a_password_maps_to_nothing() -> None:
+    assert jaas_credentials("com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;") == {}
+
+
+def test_the_task_reader_gets_librdkafkas_properties_and_the_isolation_level() -> None:
+    kafka = KafkaConfig(
+        bootstrap_servers="k:9092",
+        topics=["t"],
+        options={
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN",
+            "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";',
+            "ssl.truststore.location": "/etc/kafka/truststore.jks",
+        },
+    )
+    client = task_client(kafka)
+    assert client["sasl.username"] == "u" and client["sasl.password"] == "p"
+    assert client["isolation.level"] == "read_committed"
+    assert "sasl.jaas.config" not in client and "ssl.truststore.location" not in client
+    assert "logger" not in client  # a logger object does not travel to the tasks
+    assert "logger" in client_config(kafka)
+
+
+def test_credentials_given_for_librdkafka_win_over_the_jaas_config() -> None:
+    kafka = KafkaConfig(
+        bootstrap_servers="k:9092",
+        topics=["t"],
+        options={
+            "sasl.username": "direct",
+            "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";',
+        },
+    )
+    assert task_client(kafka)["sasl.username"] == "direct"
