@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ranges = spark.createDataFrame(
         spark.sparkContext.parallelize([(topic, p, 0, ends[p]) for p in (0, 1)], 2), RANGE_SCHEMA
     )
-    batch = KafkaBatch.of_ranges(ranges, client, args.chunk)
+    batch = KafkaBatch.of_offsets(spark, {topic: {0: 0, 1: 0}}, {topic: ends}, client, args.chunk)
     options: dict[str, Callable[[], list[Any]]] = {
         "spark-source": lambda: (
             spark.read.format("kafka")

@@ -36,7 +36,7 @@ from service.kafka import dead_letter
 from service.kafka.batch import KafkaBatch
 from service.kafka.lag import start_lag_monitor
 from service.kafka.offsets import OffsetsGone, check_committed, recreated
-from service.kafka.ranges import EARLIEST, FORMAT, RangePlan, source_class
+from service.kafka.ranges import FORMAT, RangePlan, source_class
 from service.kafka.source import (
     SourceError,
     admin,
@@ -105,6 +105,7 @@ class SinkJob:
         # Topics the pattern matched while the sink ran: where Spark began reading them (the earliest
         # offset then), in case their table holds changes or is paused before its first commit.
         self._starts: Offsets = {}
+        self._stream_start: Offsets = {}  # source.reader tasks: where the stream's first batch starts
 
     def request_stop(self) -> None:
         """Stop after the batch in flight (if any) is committed: SIGTERM's graceful path."""
@@ -323,9 +324,11 @@ class SinkJob:
     def _task_source(self, spark: SparkSession) -> DataFrame:
         """The source that plans offset ranges, which the tasks read (service.kafka.ranges)."""
         kafka = self.config.kafka
-        starting = {
-            t: {p: self.offsets.get(t, {}).get(p, EARLIEST) for p in ps} for t, ps in self.partitions.items()
-        }
+        # Resolved here, so that the first batch's ranges start where the source's do.
+        unread = {t: [p for p in ps if p not in self.offsets.get(t, {})] for t, ps in self.partitions.items()}
+        earliest = earliest_offsets(kafka, {t: ps for t, ps in unread.items() if ps})
+        starting = merge_offsets(earliest, self.offsets)
+        self._stream_start = starting
         plan = RangePlan(
             client=task_client(kafka),
             topics=list(kafka.topics),
@@ -377,14 +380,25 @@ class SinkJob:
         if self._stop_requested.is_set():
             self.fatal = StopRequested("stop requested before the batch started")
             raise self.fatal
-        if self.config.source.reader == "tasks":  # the frame holds the batch's offset ranges
-            source = self.config.source
-            records = KafkaBatch.of_ranges(frame, task_client(self.config.kafka), source.chunk_records)
-        else:
-            records = KafkaBatch(frame)
-        self._exclusive(lambda: self._batch(records, batch_id))
+        self._exclusive(lambda: self._batch(frame, batch_id))
 
-    def _batch(self, records: KafkaBatch, batch_id: int) -> None:
+    def _records(self, frame: DataFrame, batch_id: int, end: Offsets) -> KafkaBatch:
+        """The batch's records: Spark's source's rows, or (``source.reader: tasks``) the ranges from
+        where the batch before ended (the offsets the stream started from, for the first) to ``end``,
+        which the tasks read themselves; the stream's own rows, the same ranges, are left unread."""
+        if self.config.source.reader != "tasks":
+            return KafkaBatch(frame)
+        start = self._stream_start if batch_id == 0 else batch_end_offsets(self._checkpoint, batch_id - 1)
+        new = {t: [p for p in ps if p not in start.get(t, {})] for t, ps in end.items()}
+        if any(new.values()):  # partitions born since the batch before: read from their earliest offset
+            start = merge_offsets(
+                start, earliest_offsets(self.config.kafka, {t: ps for t, ps in new.items() if ps})
+            )
+        return KafkaBatch.of_offsets(
+            frame.sparkSession, start, end, task_client(self.config.kafka), self.config.source.chunk_records
+        )
+
+    def _batch(self, frame: DataFrame, batch_id: int) -> None:
         """One micro-batch, after checking that its topics are still those the offsets belong to.
 
         Describing the topics is one request: a topic deleted and re-created while the sink runs
@@ -409,7 +423,7 @@ class SinkJob:
             self.partitions = partitions(self.config.kafka)
             self.topic_ids = {**self.topic_ids, **topic_ids(self._admin, new)}
             self._starts |= earliest_offsets(self.config.kafka, {t: self.partitions.get(t, []) for t in new})
-        self.process_batch(records, end)
+        self.process_batch(self._records(frame, batch_id, end), end)
         self._read = merge_offsets(self._read, end)
         if self.held is not None:
             self.metrics.set_held(self.held.counts())

@@ -8,10 +8,11 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from service.kafka.reader import SPARK_KAFKA_SCHEMA, OffsetRange, read_range
+from service.kafka.reader import RANGE_SCHEMA, SPARK_KAFKA_SCHEMA, OffsetRange, read_range
+from service.model.offsets import Offsets
 
 # A range row ({topic, partition, start, end}) → its Kafka rows, chunk by chunk, in the task.
 RangeRead = Callable[[dict[str, Any]], Iterator[pa.RecordBatch]]
@@ -41,7 +42,24 @@ class KafkaBatch:
     read: RangeRead | None = None
 
     @classmethod
-    def of_ranges(cls, ranges: DataFrame, client: dict[str, Any], chunk_records: int) -> KafkaBatch:
+    def of_offsets(
+        cls, spark: SparkSession, start: Offsets, end: Offsets, client: dict[str, Any], chunk_records: int
+    ) -> KafkaBatch:
+        """The batch from ``start`` to ``end``: one range per partition that moved.
+
+        The ranges are a local relation built here, not the stream's own rows: those would be made
+        by the source's ``read()`` in a Python worker of their own, a second one per task beside the
+        one that reads the range (measured: workers that each import everything, a warm-up of a dozen
+        batches, and twice the workers' memory). Spark splits a local relation into as many tasks as
+        it has cores, ranges in turn; a task reads its ranges one by one.
+        """
+        rows = [
+            (t, p, start.get(t, {}).get(p, o), o)
+            for t, ps in sorted(end.items())
+            for p, o in sorted(ps.items())
+            if o > start.get(t, {}).get(p, o)
+        ]
+        ranges = spark.createDataFrame(rows, RANGE_SCHEMA)
         read = partial(_read_row, client, chunk_records)
         return cls(ranges.mapInArrow(partial(_read_rows, read), SPARK_KAFKA_SCHEMA), ranges, read)
 
