@@ -32,6 +32,7 @@ from service.config import SinkConfig
 from service.failpoints import configure as configure_failpoints
 from service.health import Health
 from service.iceberg.catalog import catalog_retries, connect
+from service.iceberg.tables import KnownTables
 from service.kafka import dead_letter
 from service.kafka.batch import KafkaBatch
 from service.kafka.lag import start_lag_monitor
@@ -94,7 +95,8 @@ class SinkJob:
         self.partitions: dict[str, list[int]]
         self.topic_ids: dict[str, str]
         self._admin: AdminClient
-        self.routes = Routes(config, self.catalog, self.metrics)
+        self.known = KnownTables()  # each table as the sink's last commit left it
+        self.routes = Routes(config, self.catalog, self.metrics, self.known)
         self.arrow_decoder: bool
         # Set by claim_and_recover(): the claim, its committer, the committed offsets, and where the
         # stream has read to (past them by the batches buffered or the tables' changes held).
@@ -148,6 +150,7 @@ class SinkJob:
             max_attempts=self.config.commit.retries,
             concurrency=self.config.commit.concurrency,
             catalog_factory=lambda: connect(self.config),
+            known=self.known,
         )
         self.commits = Commits(self.committer, self.config.commit.overlap)
         for identifier in self.routes.pipelines:

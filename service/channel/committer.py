@@ -31,6 +31,7 @@ from service.channel.marks import commit_properties, latest_mark, property_key, 
 from service.channel.pending import BatchPlan, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
+from service.iceberg.tables import KnownTables
 from service.metrics import SinkMetrics
 from service.retrying import Backoff, CatalogAnswer, catalog_answer, retry_call
 from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
@@ -81,6 +82,7 @@ class Committer:
         max_backoff_s: float = 10.0,
         concurrency: int = 1,
         catalog_factory: Callable[[], Catalog] | None = None,
+        known: KnownTables | None = None,
     ) -> None:
         """``concurrency`` tables of a batch are committed at once, each thread with a catalog of its
         own from ``catalog_factory`` (a REST catalog's HTTP session is not shared between threads)."""
@@ -93,6 +95,7 @@ class Committer:
         self.concurrency = concurrency if catalog_factory is not None else 1
         self._catalog_factory = catalog_factory
         self._thread_catalogs = threading.local()
+        self.known = known or KnownTables()  # each table as the last commit left it
 
     @property
     def sink_id(self) -> str:
@@ -240,7 +243,13 @@ class Committer:
         def attempt() -> int:
             nonlocal attempts, files_checked
             attempts += 1
-            table = (catalog or self.catalog).load_table(pending.table)
+            source = catalog or self.catalog
+            # The first attempt of a new plan builds on the table as the last commit left it: a
+            # conflict (another writer's commit since) makes the next attempt load it.
+            table = self.known.get(pending.table, source) if attempts == 1 and not resumed else None
+            if table is None:
+                table = source.load_table(pending.table)
+                self.known.put(pending.table, table, loaded=True)
             if (found := find_commit(table, self.sink_id, snapshot_id)) is not None:
                 logger.info(
                     "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found
@@ -258,7 +267,7 @@ class Committer:
                 table_properties=properties,
             )
             failpoint("during_catalog_commit")
-            delta.commit()
+            self.known.advance(pending.table, table.metadata_location, delta.commit())
             return attempts
 
         def on_failure(attempt: int, exc: BaseException) -> None:

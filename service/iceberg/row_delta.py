@@ -216,10 +216,18 @@ class RowDelta:
         requirements = (AssertRefSnapshotId(snapshot_id=self.parent_snapshot_id, ref=self.branch),)
         return updates, requirements
 
-    def commit(self) -> None:
-        """Send the commit once. Raises whatever the catalog raises; nothing is retried here."""
+    def commit(self) -> Table:
+        """Send the commit once; the table as the catalog's answer has it (the new snapshot current).
+        Raises whatever the catalog raises; nothing is retried here."""
         updates, requirements = self.request()
-        self._table.catalog.commit_table(self._table, requirements, updates)
+        response = self._table.catalog.commit_table(self._table, requirements, updates)
+        return Table(
+            self._table.name(),
+            metadata=response.metadata,
+            metadata_location=response.metadata_location,
+            io=self._table.io,
+            catalog=self._table.catalog,
+        )
 
     # -- helpers -------------------------------------------------------------------------------------
 

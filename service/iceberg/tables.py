@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -271,3 +273,59 @@ def _add_unpartitioned_spec(table: Table) -> tuple[Table, int]:
         "added unpartitioned spec %d to %s for global equality deletes", new_id, ".".join(table.name())
     )
     return table.catalog.load_table(table.name()), new_id
+
+
+class KnownTables:
+    """Each table as the sink's own last commit left it, so that the next batch writes and commits
+    on that metadata instead of loading the table again (two catalog round trips a batch per table).
+
+    Another writer's commit in between (a compaction, another engine) moves the table's branch: the
+    first commit attempt on the known metadata then conflicts, and the retry loads the table, as any
+    conflict does. A schema or partition change by another engine makes no snapshot; it is seen when
+    the sink next loads the table: at most ``MAX_AGE_S`` after the last load, as the sink's own
+    loads used to see it at most a batch apart.
+    """
+
+    MAX_AGE_S = 30.0
+
+    def __init__(self) -> None:
+        self._tables: dict[str, tuple[Table, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, identifier: str, catalog: Catalog | None = None) -> Table | None:
+        """The known table, fresh enough, bound to ``catalog`` if given (a REST catalog's session
+        belongs to one thread)."""
+        with self._lock:
+            known = self._tables.get(identifier)
+        if known is None or time.monotonic() - known[1] > self.MAX_AGE_S:
+            return None
+        table = known[0]
+        if catalog is None or catalog is table.catalog:
+            return table
+        return Table(
+            table.name(),
+            metadata=table.metadata,
+            metadata_location=table.metadata_location,
+            io=table.io,
+            catalog=catalog,
+        )
+
+    def put(self, identifier: str, table: Table, loaded: bool = False) -> None:
+        """Remember ``table``: just committed by the sink, or (``loaded``) just loaded, which also
+        restarts the clock of :attr:`MAX_AGE_S`."""
+        with self._lock:
+            since = self._tables.get(identifier, (None, time.monotonic()))[1]
+            self._tables[identifier] = (table, time.monotonic() if loaded else since)
+
+    def advance(self, identifier: str, base: str, table: Table) -> None:
+        """Remember ``table``, just committed on the metadata at ``base``, unless the known table is
+        no longer that one (loaded again meanwhile, say after a schema change): a commit in the
+        background never puts back older metadata than what the sink loaded since."""
+        with self._lock:
+            known = self._tables.get(identifier)
+            if known is None or known[0].metadata_location == base:
+                self._tables[identifier] = (table, known[1] if known is not None else time.monotonic())
+
+    def forget(self, identifier: str) -> None:
+        with self._lock:
+            self._tables.pop(identifier, None)

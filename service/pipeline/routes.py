@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pyiceberg.catalog import Catalog
 
 from service.config import SinkConfig, render_identifier, template_fields
+from service.iceberg.tables import KnownTables
 from service.kafka.source import peek
 from service.metrics import SinkMetrics
 from service.model.offsets import Offsets
@@ -30,10 +31,13 @@ class Unroutable(RuntimeError):
 class Routes:
     """topic → table, and table → :class:`TablePipeline`; tables are opened (created) on first sight."""
 
-    def __init__(self, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics) -> None:
+    def __init__(
+        self, config: SinkConfig, catalog: Catalog, metrics: SinkMetrics, known: KnownTables
+    ) -> None:
         self.config = config
         self.catalog = catalog
         self.metrics = metrics
+        self.known = known
         self.fields = template_fields(config.table.identifier)
         self.tables: dict[str, str] = {}  # topic → table identifier
         self.pipelines: dict[str, TablePipeline] = {}
@@ -66,7 +70,7 @@ class Routes:
                 settings = self.config.table_settings(identifier)
                 try:
                     self.pipelines[identifier] = TablePipeline.open(
-                        self.config, settings, its_topics, self.catalog, self.metrics
+                        self.config, settings, its_topics, self.catalog, self.metrics, self.known
                     )
                     opened.append(identifier)
                 except Exception as exc:

@@ -36,6 +36,7 @@ from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partit
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,
+    KnownTables,
     check_write_properties,
     delete_spec,
     ensure_table,
@@ -162,12 +163,14 @@ class TablePipeline:
         catalog: Catalog,
         metrics: SinkMetrics,
         schemas: SchemaTracker,
+        known: KnownTables,
     ) -> None:
         self.config = config
         self.settings = settings
         self.catalog = catalog
         self.metrics = metrics
         self.schemas = schemas
+        self.known = known  # the table as the sink's last commit left it
         self._last: Table | None = None  # the table as last loaded
 
     @classmethod
@@ -178,6 +181,7 @@ class TablePipeline:
         topics: list[str],
         catalog: Catalog,
         metrics: SinkMetrics,
+        known: KnownTables,
     ) -> TablePipeline:
         """Load the table (creating it from its topics' schema or the configured columns if needed) and
         check that icesink can write it as configured."""
@@ -188,7 +192,7 @@ class TablePipeline:
         )
         check_write_properties(table, config.write.table_properties())
         schemas = SchemaTracker(settings, table, encodings, config.source.variable_scale_type)
-        return cls(config, settings, catalog, metrics, schemas)
+        return cls(config, settings, catalog, metrics, schemas, known)
 
     @property
     def identifier(self) -> str:
@@ -240,8 +244,10 @@ class TablePipeline:
         )
 
     def write_spark(self, records: DataFrame, offsets: Offsets, newest: datetime | None = None) -> TableWrite:
-        """The batch through Spark's decoder: the table evolved first if the events' schema changed."""
+        """The batch through Spark's decoder: the table evolved first if the events' schema changed
+        (so the table is loaded again, here and for the commit)."""
         started = time.monotonic()
+        self.known.forget(self.identifier)
         return self._retrying(
             lambda: self._spark_write(
                 records, offsets, self.schemas.evolve(records, self.catalog), started, newest
@@ -282,14 +288,22 @@ class TablePipeline:
         )
 
     def _load(self) -> Table:
-        table = self._last = self.catalog.load_table(self.identifier)
+        """The table as the sink's last commit left it (service.iceberg.tables.KnownTables), else loaded."""
+        table = self.known.get(self.identifier, self.catalog)
+        if table is None:
+            table = self.catalog.load_table(self.identifier)
+            self.known.put(self.identifier, table, loaded=True)
+        self._last = table
         return table
 
     def _write_spec(self, table: Table) -> WriteSpec:
         """What the tasks need to write this batch's files into ``table`` as it is now."""
         delete_spec_id = None
         if self.upsert:
-            table, delete_spec_id = delete_spec(table, self.settings.key)
+            with_spec, delete_spec_id = delete_spec(table, self.settings.key)
+            if with_spec is not table:  # a spec was added: the table was loaded again
+                self.known.put(self.identifier, with_spec, loaded=True)
+            table = with_spec
         return WriteSpec(
             metadata=table.metadata,
             io_properties=dict(table.io.properties),
@@ -352,7 +366,8 @@ class TablePipeline:
                 if self.upsert
                 else good.where(F.col(OP_COLUMN) != "d")
             )
-            table = self.catalog.load_table(self.identifier)
+            table = self.catalog.load_table(self.identifier)  # as evolved
+            self.known.put(self.identifier, table, loaded=True)
             rows = rows.select(*columns, F.col(OP_COLUMN))
             spec = table.spec()
             if not spec.is_unpartitioned():
