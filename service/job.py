@@ -102,6 +102,7 @@ class SinkJob:
         # stream has read to (past them by the batches buffered or the tables' changes held).
         self.lease: Lease
         self.committer: Committer
+        self.commits: Commits  # the committer's plans, one at a time, in the background
         self.offsets: Offsets
         self._read: Offsets
         # Topics the pattern matched while the sink ran: where Spark began reading them (the earliest
@@ -281,6 +282,8 @@ class SinkJob:
                 # possibly while this loop still waits: that is the graceful path too.
                 while query.isActive and not self._stop_requested.is_set() and not self._caught_up():
                     query.awaitTermination(1)
+                    if self.commits.failed():  # fenced, or the catalog gave up: stop now
+                        self._exclusive(self.commits.wait)
                     self._flush_when_idle()
                 if query.isActive:
                     logger.info("stop requested: finishing the batch in flight, then stopping")
@@ -295,7 +298,7 @@ class SinkJob:
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
                     self._commit_held(self.held.tables() if self.held else [], "the stream ended")
-                    self.commits.wait()
+                self._exclusive(self.commits.wait)  # the last commit, whose failure is the run's
         except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None

@@ -49,6 +49,12 @@ class Commits:
         else:
             self._in_flight = self._pool.submit(commit)
 
+    def failed(self) -> bool:
+        """Whether the commit in flight has failed (without waiting): the sink stops at once rather
+        than at its next batch, which may never come."""
+        in_flight = self._in_flight
+        return in_flight is not None and in_flight.done() and in_flight.exception() is not None
+
     def wait(self) -> None:
         """Until the plan in flight (if any) is committed; raises its failure."""
         in_flight, self._in_flight = self._in_flight, None
