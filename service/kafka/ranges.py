@@ -93,8 +93,8 @@ class RangeReader(DataSourceStreamReader):
         self._last: Offsets | None = None  # the end of the last batch planned
 
     def _client(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(self.plan.client)
+        if self._admin is None:  # an admin client is a producer to librdkafka: no consumer property
+            self._admin = AdminClient({k: v for k, v in self.plan.client.items() if k != "isolation.level"})
         return self._admin
 
     def _partitions(self) -> dict[str, list[int]]:
