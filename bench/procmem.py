@@ -58,14 +58,22 @@ class PeakMemory(threading.Thread):
     """Samples the tree under ``root`` every ``interval`` seconds; ``peaks`` holds the peak sum per role.
 
     Roles: ``jvm`` (Spark's driver JVM, which runs the executors in local mode), ``python_driver``
-    (the icesink process), ``python_workers`` (Spark's Python daemon and its workers), and ``total``
-    (the peak of the sum, not the sum of the peaks).
+    (the icesink process), ``python_workers`` (Spark's Python daemons and their workers: the tasks',
+    and the helpers that plan a Python data source), ``total`` (the peak of the sum, not the sum of
+    the peaks), and ``python_worker_max``: the peak of any one of those Python processes, which is
+    what a task's memory bound concerns.
     """
 
     def __init__(self, root: int, interval: float = 0.25) -> None:
         super().__init__(daemon=True, name="peak-memory")
         self.root, self.interval = root, interval
-        self.peaks: dict[str, int] = {"jvm": 0, "python_driver": 0, "python_workers": 0, "total": 0}
+        self.peaks: dict[str, int] = {
+            "jvm": 0,
+            "python_driver": 0,
+            "python_workers": 0,
+            "total": 0,
+            "python_worker_max": 0,
+        }
         self._halt = threading.Event()
         self._ticks: dict[int, int] = {}  # last CPU ticks seen per pid, exited processes included
         self.cpu_series: list[tuple[float, float]] = []  # (wall clock, CPU seconds so far)
@@ -82,6 +90,8 @@ class PeakMemory(threading.Thread):
             found = _rss_and_role(pid)
             if found:
                 sums[found[1]] += found[0]
+                if found[1] == "python_workers":
+                    self.peaks["python_worker_max"] = max(self.peaks["python_worker_max"], found[0])
                 self._ticks[pid] = max(self._ticks.get(pid, 0), _cpu_ticks(pid))
             todo.extend(tree.get(pid, []))
         for role, value in sums.items():

@@ -104,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         """The Arrow path's one job, and inside its tasks (summed over the tasks, CPU of the workers)."""
         batch = run_arrow(*args, **kwargs)
         for phase, seconds in batch.task_seconds.items():
-            what = {"read": "Kafka read", "decode": "decode + last change per key", "write": "Parquet + upload"}
+            what = {
+                "read": "Kafka read",
+                "decode": "decode + last change per key",
+                "write": "Parquet + upload",
+            }
             label = f"  in the tasks: {what.get(phase, phase)}"
             phases.samples[label].append((phases.batch, seconds, seconds))
         return batch

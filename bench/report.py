@@ -19,11 +19,15 @@ def _mib(value: int | None) -> str:
     return "-" if not value else f"{value / 2**20:,.0f}"
 
 
+def _us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1000:.1f}"
+
+
 def table(results: dict[str, Any]) -> str:
     head = (
         f"{'configuration':<22} {'events':>9} {'events/s':>10} {'MB/s':>6} {'cold ev/s':>9} "
         f"{'batch p50/p99 s':>16} {'commit p50/p99 s':>17} {'fresh p50/p99 s':>16} "
-        f"{'data/del files':>14} {'mem jvm/py/wrk MiB':>19} {'cpu ms/ev':>9}"
+        f"{'data/del files':>14} {'mem jvm/py/wrk(1) MiB':>25} {'cpu µs/ev':>9}"
     )
     lines = [head, "-" * len(head)]
     for name, r in results["runs"].items():
@@ -36,6 +40,7 @@ def table(results: dict[str, Any]) -> str:
         files = f"{_f(t.get('data_files'))}/{_f(t.get('delete_files'))}" if "data_files" in t else "-"
         memory = (
             f"{_mib(mem.get('jvm'))}/{_mib(mem.get('python_driver'))}/{_mib(mem.get('python_workers'))}"
+            f"({_mib(mem.get('python_worker_max'))})"
             if mem
             else "-"
         )
@@ -45,7 +50,7 @@ def table(results: dict[str, Any]) -> str:
             f"{_f(batch.get('p50'), 2) + '/' + _f(batch.get('p99'), 2):>16} "
             f"{_f(commit.get('p50'), 2) + '/' + _f(commit.get('p99'), 2):>17} "
             f"{_f(fresh.get('p50'), 2) + '/' + _f(fresh.get('p99'), 2):>16} "
-            f"{files:>14} {memory:>19} {_f(t.get('cpu_ms_per_event'), 2):>9}"
+            f"{files:>14} {memory:>25} {_us(t.get('cpu_ms_per_event')):>9}"
         )
     for name, r in results.get("ratios", {}).items():
         lines.append(f"{name}: {r}")
