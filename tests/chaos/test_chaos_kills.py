@@ -146,8 +146,10 @@ def test_killed_at_random_moments_and_at_every_fail_point(make_sink: Any, spark:
     orphans = json.loads(res.stdout)
     h.FIGURES.orphans_deleted += orphans["deleted"]
     h.verify_exact(spark, sink)
-    points = {p for p in POINTS if f"fail point {p}: kill" in "".join(r.log() for r in sink.runs)}
-    assert points == set(POINTS), f"fail points that never fired: {set(POINTS) - points}"
+    # Every fail point of the sink's commit path (the maintainer's: tests/chaos/test_chaos_maintenance.py).
+    sink_points = {p for p in POINTS if not p.startswith("maintenance_")}
+    points = {p for p in sink_points if f"fail point {p}: kill" in "".join(r.log() for r in sink.runs)}
+    assert points == sink_points, f"fail points that never fired: {sink_points - points}"
     assert recovered >= 4, f"only {recovered} run(s) found a precommitted plan to finish"
     h.FIGURES.failpoint_kill_paths.update(paths)
     assert any("(streaming)" in p for p in paths) and any("(recovery)" in p for p in paths), paths
