@@ -298,7 +298,11 @@ class SinkJob:
                 with self._batch_lock:
                     self.flush()  # what the cadence held back
                     self._commit_held(self.held.tables() if self.held else [], "the stream ended")
-                self._exclusive(self.commits.wait)  # the last commit, whose failure is the run's
+                    try:  # the last commit in flight: its failure is the run's
+                        self.commits.wait()
+                    except BaseException as exc:
+                        self._failed(exc)
+                        raise
         except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None
@@ -473,13 +477,17 @@ class SinkJob:
                 raise RuntimeError("the sink already failed; nothing more is processed") from self.fatal
             try:
                 work()
-            except Fenced as exc:
-                self.metrics.fenced.add(1, self.metrics.attrs())
-                self.fatal = SinkFenced(str(exc))
-                raise
             except BaseException as exc:
-                self.fatal = exc
+                self._failed(exc)
                 raise
+
+    def _failed(self, exc: BaseException) -> None:
+        """Record the run's failure; a fenced one is counted and stops the sink as SinkFenced (exit 3)."""
+        if isinstance(exc, Fenced):
+            self.metrics.fenced.add(1, self.metrics.attrs())
+            self.fatal = SinkFenced(str(exc))
+        else:
+            self.fatal = exc
 
     # -- one batch -------------------------------------------------------------------------------------
 
