@@ -286,7 +286,11 @@ class SinkJob:
                         self._exclusive(self.commits.wait)
                     self._flush_when_idle()
                 if query.isActive:
-                    logger.info("stop requested: finishing the batch in flight, then stopping")
+                    logger.info(
+                        "caught up to the target: stopping"
+                        if self._caught_up()
+                        else "stop requested: finishing the batch in flight, then stopping"
+                    )
                     with self._batch_lock:
                         query.stop()
                 query.awaitTermination()
