@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from service.kafka.reader import RANGE_SCHEMA
-from service.model.offsets import Offsets
+from service.model.offsets import Offsets, offsets_from_json, offsets_to_json
 
 logger = logging.getLogger(__name__)
 FORMAT = "icesink_kafka"
@@ -49,14 +49,6 @@ class RangePlan:
         if self.pattern is not None:
             return re.fullmatch(self.pattern, topic) is not None and not topic.startswith("__")
         return topic in self.topics
-
-
-def _as_json(offsets: Offsets) -> dict[str, dict[str, int]]:
-    return {t: {str(p): o for p, o in sorted(ps.items())} for t, ps in sorted(offsets.items())}
-
-
-def _from_json(offsets: dict[str, Any]) -> Offsets:
-    return {t: {int(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()}
 
 
 def cap(start: Offsets, latest: Offsets, budget: int | None) -> Offsets:
@@ -138,7 +130,7 @@ class RangeReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, Any]:
         start = self._resolve(self.plan.starting, self._partitions())
         self._last = start
-        return _as_json(start)
+        return offsets_to_json(start)
 
     def latestOffset(self) -> dict[str, Any]:
         parts = self._partitions()
@@ -156,10 +148,10 @@ class RangeReader(DataSourceStreamReader):
         self._last = {t: {**start.get(t, {}), **ps} for t, ps in end.items()} | {
             t: ps for t, ps in start.items() if t not in end
         }
-        return _as_json(self._last)
+        return offsets_to_json(self._last)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, stop = _from_json(start), _from_json(end)
+        begin, stop = offsets_from_json(start), offsets_from_json(end)
         out = []
         for t, ps in sorted(stop.items()):
             for p, o in sorted(ps.items()):

@@ -80,8 +80,12 @@ def _chunk(messages: list[Any], topic: str, partition: int) -> pa.RecordBatch:
 _consumers: dict[str, Consumer] = {}
 
 
+def _key(client: dict[str, Any]) -> str:
+    return json.dumps(client, sort_keys=True, default=str)
+
+
 def _consumer(client: dict[str, Any]) -> Consumer:
-    key = json.dumps(client, sort_keys=True, default=str)
+    key = _key(client)
     if key not in _consumers:
         _consumers[key] = Consumer(
             {
@@ -105,7 +109,7 @@ def _consumer(client: dict[str, Any]) -> Consumer:
 
 
 def _drop(client: dict[str, Any]) -> None:
-    consumer = _consumers.pop(json.dumps(client, sort_keys=True, default=str), None)
+    consumer = _consumers.pop(_key(client), None)
     if consumer is not None:
         with contextlib.suppress(Exception):  # it failed already; closing it is only tidying up
             consumer.close()

@@ -17,16 +17,21 @@ def test_a_login_module_without_a_password_maps_to_nothing() -> None:
     assert jaas_credentials("com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;") == {}
 
 
+PLAIN = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";'
+
+
+def _kafka(**options: str) -> KafkaConfig:
+    return KafkaConfig(bootstrap_servers="k:9092", topics=["t"], options=options)
+
+
 def test_the_task_reader_gets_librdkafkas_properties_and_the_isolation_level() -> None:
-    kafka = KafkaConfig(
-        bootstrap_servers="k:9092",
-        topics=["t"],
-        options={
+    kafka = _kafka(
+        **{
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": "PLAIN",
-            "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";',
+            "sasl.jaas.config": PLAIN,
             "ssl.truststore.location": "/etc/kafka/truststore.jks",
-        },
+        }
     )
     client = task_client(kafka)
     assert client["sasl.username"] == "u" and client["sasl.password"] == "p"
@@ -37,12 +42,5 @@ def test_the_task_reader_gets_librdkafkas_properties_and_the_isolation_level() -
 
 
 def test_credentials_given_for_librdkafka_win_over_the_jaas_config() -> None:
-    kafka = KafkaConfig(
-        bootstrap_servers="k:9092",
-        topics=["t"],
-        options={
-            "sasl.username": "direct",
-            "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="p";',
-        },
-    )
+    kafka = _kafka(**{"sasl.username": "direct", "sasl.jaas.config": PLAIN})
     assert task_client(kafka)["sasl.username"] == "direct"
