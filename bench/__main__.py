@@ -21,7 +21,7 @@ from typing import Any
 from bench import baselines, figures, partition_scan, readside, report, soak
 from bench.sink import Sink, sink_config, snapshots, unique
 from bench.stack import REPO, Stack, load_stack, machine, spark_session
-from bench.workload import SteadyProducer, Workload, ensure_topic, produce, record_times
+from bench.workload import SteadyProducer, Workload, ensure_topic, produce, produce_many, record_times
 
 ALL = (
     "icesink-upsert",
@@ -148,10 +148,9 @@ class Bench:
             per_topic: list[list[Any]] = [[] for _ in range(n)]
             for event in self.workload.events:
                 per_topic[json.loads(event.key)["id"] % n].append(event)
-            took = 0.0
-            for topic, events in zip(self.many_topics, per_topic, strict=True):
+            for topic in self.many_topics:
                 ensure_topic(self.stack.kafka, topic, 1)
-                took += produce(self.stack.kafka, topic, events)
+            took = produce_many(self.stack.kafka, dict(zip(self.many_topics, per_topic, strict=True)))
             log(f"produced the same events to {n} topics in {took:.1f}s")
         name = unique("bench_many")
         pattern = self.many_topics[0].rsplit("_t", 1)[0] + r"_t\d+"

@@ -169,18 +169,25 @@ def _producer(bootstrap: str) -> Any:
 
 def produce(bootstrap: str, topic: str, events: list[Event]) -> float:
     """Produce every event and wait for delivery; returns the seconds it took."""
+    return produce_many(bootstrap, {topic: events})
+
+
+def produce_many(bootstrap: str, events: dict[str, list[Event]]) -> float:
+    """Produce each topic's events with one producer (a producer per topic waits for its
+    connection and the topic's metadata each time) and wait for delivery; returns the seconds."""
     started = time.monotonic()
     producer = _producer(bootstrap)
-    for e in events:
-        while True:
-            try:
-                producer.produce(topic, key=e.key, value=e.value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+    for topic, mine in events.items():
+        for e in mine:
+            while True:
+                try:
+                    producer.produce(topic, key=e.key, value=e.value)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
     if producer.flush(120):
-        raise RuntimeError(f"events not delivered to {topic}")
+        raise RuntimeError(f"events not delivered to {', '.join(events)}")
     return time.monotonic() - started
 
 

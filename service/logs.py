@@ -35,7 +35,9 @@ def setup_logging(config: LogConfig) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.level.upper())
-    # Chatty libraries stay at WARNING unless asked for DEBUG.
+    # Chatty libraries stay at WARNING unless asked for DEBUG. py4j always does: at DEBUG it logs
+    # every call to the JVM, thousands per batch, and the logging alone slowed a batch by seconds.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     if config.level.upper() != "DEBUG":
-        for name in ("py4j", "pyiceberg", "urllib3", "botocore", "s3fs", "fsspec"):
+        for name in ("pyiceberg", "urllib3", "botocore", "s3fs", "fsspec"):
             logging.getLogger(name).setLevel(logging.WARNING)

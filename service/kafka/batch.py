@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
@@ -31,21 +32,15 @@ def _read_rows(read: RangeRead, batches: Iterator[pa.RecordBatch]) -> Iterator[p
 
 def _local_ranges(spark: SparkSession, rows: list[tuple[str, int, int, int]]) -> DataFrame:
     """``rows`` as a DataFrame of :data:`RANGE_SCHEMA`, in as many tasks as Spark has cores (at most
-    one per range), made of JVM expressions alone: ``createDataFrame`` of a Python list measured
-    0.2 s more per batch (its conversion in this process, and the schema parsed over py4j)."""
+    one per range), made of one JSON literal that Spark folds once: ``createDataFrame`` of a Python
+    list measured 0.2 s more per batch (its conversion in this process, and the schema parsed over
+    py4j), and one JVM expression per range field ~12,000 py4j calls (1.5 s) for 100 ranges."""
     if not rows:
         return spark.createDataFrame([], RANGE_SCHEMA)
-    each = [
-        F.struct(
-            F.lit(t).alias("topic"),
-            F.lit(p).cast("int").alias("partition"),
-            F.lit(s).cast("long").alias("start"),
-            F.lit(e).cast("long").alias("end"),
-        )
-        for t, p, s, e in rows
-    ]
+    text = json.dumps([{"topic": t, "partition": p, "start": s, "end": e} for t, p, s, e in rows])
+    ranges = F.from_json(F.lit(text), f"array<struct<{RANGE_SCHEMA.replace(', ', ',').replace(' ', ':')}>>")
     tasks = min(len(rows), spark.sparkContext.defaultParallelism)
-    picked = F.element_at(F.array(*each), (F.col("id") + 1).cast("int")).alias("range")
+    picked = F.element_at(ranges, (F.col("id") + 1).cast("int")).alias("range")
     return spark.range(0, len(rows), 1, tasks).select(picked).select("range.*")
 
 
