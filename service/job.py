@@ -88,6 +88,7 @@ class SinkJob:
             else None
         )
         self._stop_requested = threading.Event()
+        self._batch_done = threading.Event()  # set after each micro-batch: the run loop looks again
         self._target: Offsets | None = None  # until_caught_up: where the run stops
         self._checkpoint: str  # run(): Spark's throwaway checkpoint, where each batch's end is read
         # Set by prepare(): the topics' partitions and ids, the table's pipeline, and whether batches
@@ -281,10 +282,15 @@ class SinkJob:
                 # A batch that starts after a stop request fails the query on purpose (StopRequested),
                 # possibly while this loop still waits: that is the graceful path too.
                 while query.isActive and not self._stop_requested.is_set() and not self._caught_up():
-                    query.awaitTermination(1)
+                    self._batch_done.wait(1)
+                    self._batch_done.clear()
                     if self.commits.failed():  # fenced, or the catalog gave up: stop now
                         self._exclusive(self.commits.wait)
                     self._flush_when_idle()
+                if query.isActive and self._caught_up():
+                    # The source plans nothing past the target: what is buffered or held lands now,
+                    # not after the query's stop (a second or more).
+                    self._exclusive(self._land_the_rest)
                 if query.isActive:
                     logger.info(
                         "caught up to the target: stopping"
@@ -300,8 +306,7 @@ class SinkJob:
                 logger.info("stop requested: stopped after the batch in flight")
             if self.fatal is None or isinstance(self.fatal, StopRequested):
                 with self._batch_lock:
-                    self.flush()  # what the cadence held back
-                    self._commit_held(self.held.tables() if self.held else [], "the stream ended")
+                    self._land_the_rest()
                     try:  # the last commit in flight: its failure is the run's
                         self.commits.wait()
                     except BaseException as exc:
@@ -321,6 +326,11 @@ class SinkJob:
             shutil.rmtree(checkpoint, ignore_errors=True)
         if self.fatal is not None and not isinstance(self.fatal, StopRequested):
             raise self.fatal
+
+    def _land_the_rest(self) -> None:
+        """Write and commit what the cadence buffered and the tables' held changes (the stream ended)."""
+        self.flush()
+        self._commit_held(self.held.tables() if self.held else [], "the stream ended")
 
     def _spark_source(self, spark: SparkSession, start: str) -> DataFrame:
         """Spark's Kafka source: the JVM reads the records (``source.reader: spark``)."""
@@ -441,6 +451,7 @@ class SinkJob:
         self._read = merge_offsets(self._read, end)
         if self.held is not None:
             self.metrics.set_held(self.held.counts())
+        self._batch_done.set()
 
     def _flush_when_idle(self) -> None:
         """Commit a buffer whose ``commit.max_period`` passed while no micro-batch came.
