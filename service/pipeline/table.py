@@ -32,7 +32,7 @@ from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_batch
 from service.data.arrow_decode import Declined
 from service.data.debezium import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS, decode, latest_per_key
-from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, write_partition
+from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, writable, write_partition
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,
@@ -305,7 +305,7 @@ class TablePipeline:
                 self.known.put(self.identifier, with_spec, loaded=True)
             table = with_spec
         return WriteSpec(
-            metadata=table.metadata,
+            metadata=writable(table.metadata),
             io_properties=dict(table.io.properties),
             key=list(self.settings.key),
             upsert=self.upsert,

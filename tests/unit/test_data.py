@@ -131,3 +131,46 @@ def test_datafile_json_round_trip() -> None:
     assert restored.spec_id == 3 and restored.equality_ids == [1] and restored.content == original.content
     assert [restored.partition[i] for i in range(4)] == [7, "fr", Decimal("1.50"), b"\x00\x01"]
     assert restored.lower_bounds == {1: b"\x01"} and restored.file_size_in_bytes == 1234
+
+
+def test_a_write_spec_carries_the_tables_layout_without_its_history() -> None:
+    """A write spec is pickled to every task of every batch: the table's snapshots stay behind, its
+    schema, partition specs, properties and location travel."""
+    import pickle
+
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.metadata import new_table_metadata
+    from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+    from pyiceberg.types import NestedField
+
+    from service.data.files import writable
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType()))
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "name"))
+    base = new_table_metadata(
+        schema, spec, UNSORTED_SORT_ORDER, "s3://warehouse/t", {"write.format.default": "parquet"}
+    )
+    snapshots = [
+        Snapshot(
+            snapshot_id=i,
+            parent_snapshot_id=i - 1 if i > 1 else None,
+            sequence_number=i,
+            timestamp_ms=1_700_000_000_000 + i,
+            manifest_list=f"s3://warehouse/t/metadata/snap-{i}.avro",
+            summary=Summary(operation=Operation.APPEND),
+            schema_id=0,
+        )
+        for i in range(1, 201)
+    ]
+    metadata = base.model_copy(update={"snapshots": snapshots, "current_snapshot_id": 200})
+
+    slim = writable(metadata)
+
+    assert slim.snapshots == [] and slim.current_snapshot_id is None
+    assert slim.schema() == metadata.schema()
+    assert slim.spec() == metadata.spec() and slim.specs() == metadata.specs()
+    assert slim.properties == metadata.properties and slim.location == metadata.location
+    assert slim.format_version == metadata.format_version
+    assert len(pickle.dumps(slim)) * 10 < len(pickle.dumps(metadata))
