@@ -38,6 +38,7 @@ from pyiceberg.transforms import (
 from service.config import SinkConfig, TableConfig
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
+from service.model.object_store import with_object_store_io
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ _TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([\w.]+)\s*\)\s*$
 
 
 def open_catalog(config: SinkConfig) -> Catalog:
-    return load_catalog(config.catalog_name, **config.catalog_properties)
+    return load_catalog(config.catalog_name, **with_object_store_io(config.catalog_properties))
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:

@@ -174,3 +174,31 @@ def test_a_write_spec_carries_the_tables_layout_without_its_history() -> None:
     assert slim.properties == metadata.properties and slim.location == metadata.location
     assert slim.format_version == metadata.format_version
     assert len(pickle.dumps(slim)) * 10 < len(pickle.dumps(metadata))
+
+
+def test_the_sinks_tables_write_s3_files_with_one_request_each() -> None:
+    """The catalog's tables get a FileIO whose S3 files are opened at their first write (one PUT for a
+    small file, not a multipart upload of three requests), keeping every other S3 setting; a FileIO
+    named in the catalog's configuration wins."""
+    from pyiceberg.io import PY_IO_IMPL, load_file_io
+
+    from service.model.object_store import ObjectStoreIO, with_object_store_io
+
+    properties = {
+        "s3.endpoint": "http://127.0.0.1:1",
+        "s3.access-key-id": "key",
+        "s3.secret-access-key": "secret",
+        "s3.region": "eu-west-3",
+    }
+    io = load_file_io(with_object_store_io(properties), "s3://warehouse/t")
+    assert isinstance(io, ObjectStoreIO)
+    _, (options,) = io.fs_by_scheme("s3", "warehouse").__reduce__()
+    assert options["allow_delayed_open"] is True
+    assert (options["endpoint_override"], options["access_key"], options["region"]) == (
+        "http://127.0.0.1:1",
+        "key",
+        "eu-west-3",
+    )
+
+    named = with_object_store_io({**properties, PY_IO_IMPL: "pyiceberg.io.pyarrow.PyArrowFileIO"})
+    assert type(load_file_io(named, "s3://warehouse/t")).__name__ == "PyArrowFileIO"
