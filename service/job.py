@@ -568,7 +568,7 @@ class SinkJob:
                 if arrow and self.routes.many
                 else ArrowTables()
             )
-            writes += self._hold(done, offsets, touched)
+            held = self._hold(done, offsets, touched)
             for identifier, topics in touched.items():
                 if identifier in done.held:
                     continue
@@ -606,8 +606,8 @@ class SinkJob:
         if self.routes.many:
             writes = [w for w in writes if w.files or w.records]
         offsets = self._sink_offsets(offsets)
-        if writes or offsets != self.offsets:
-            self._commit(writes, offsets)
+        if writes or held is not None or offsets != self.offsets:
+            self._commit(writes, offsets, held)
 
     def _arrow_tables(
         self, records: KafkaBatch, touched: dict[str, list[str]], offsets: Offsets, end: Offsets
@@ -641,15 +641,18 @@ class SinkJob:
             max(0, o - self._read.get(t, {}).get(p, 0)) for t in topics for p, o in end.get(t, {}).items()
         )
 
-    def _hold(self, done: ArrowTables, offsets: Offsets, touched: dict[str, list[str]]) -> list[TableWrite]:
-        """Hold the batch's rows of the tables whose changes are held; write those now due (by their
-        count, or by the age of their oldest held change, whether this batch touched them or not).
+    def _hold(
+        self, done: ArrowTables, offsets: Offsets, touched: dict[str, list[str]]
+    ) -> Callable[[], list[TableWrite]] | None:
+        """Hold the batch's rows of the tables whose changes are held; take those now due (by their
+        count, or by the age of their oldest held change, whether this batch touched them or not):
+        what writes them, with the batch's plan (in the commit thread).
 
         A table this batch touched whose rows it did not hold (declined, or not for the Arrow path) is
         left alone here: its batch takes Spark's path, and its held rows are committed first, as a plan
         of their own (``_write_and_commit``), never beside that batch's files in one plan."""
         if self.held is None:
-            return []
+            return None
         now = time.monotonic()
         for identifier, batch in done.held.items():
             self.held.add(identifier, batch, self._offsets_of(identifier, offsets), now)
@@ -658,7 +661,9 @@ class SinkJob:
             logger.debug(
                 "changes held (records) for %s; due now: %s", self.held.summary(), ", ".join(due) or "none"
             )
-        return self.held.write(due, lambda t: self.routes.pipelines[t].write_spec())
+        if not due:
+            return None
+        return self.held.take(due, lambda t: self.routes.pipelines[t].write_spec())
 
     def _offsets_of(self, identifier: str, offsets: Offsets) -> Offsets:
         """``offsets`` of every topic that lands in the table (those the batch did not move too: a
@@ -729,20 +734,33 @@ class SinkJob:
         writes = [] if self.routes.many else [TableWrite(t, offsets, now, now) for t in self.routes.pipelines]
         self._commit(writes, offsets)
 
-    def _commit(self, writes: list[TableWrite], offsets: Offsets) -> None:
-        """Commit the batch's writes as one plan (service.channel.committer), then report each table's."""
-        plans = [w.plan({t: i for t, i in self.topic_ids.items() if t in w.offsets}) for w in writes]
-        if self.routes.many:
-            plan = BatchPlan(offsets, plans, dict(self.topic_ids), dict(self.routes.tables))
-        elif plans:
-            plan = BatchPlan.of_one_table(plans[0])
-        else:  # the one table is isolated: only the offsets move
-            plan = self._offsets_plan(offsets)
-        for write in writes:
-            self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
+    def _commit(
+        self,
+        writes: list[TableWrite],
+        offsets: Offsets,
+        later: Callable[[], list[TableWrite]] | None = None,
+    ) -> None:
+        """Commit the batch's writes as one plan (service.channel.committer), then report each table's.
+
+        ``later`` writes more of the plan's tables (held tables come due) where the plan is made: in
+        the commit thread, while the next batch is read and written."""
+        topic_ids, tables, many = dict(self.topic_ids), dict(self.routes.tables), self.routes.many
+        # A one-table sink whose table is isolated: only the offsets move.
+        offsets_only = self._offsets_plan(offsets) if not many and not writes else None
+        plans: list[PendingCommit] = []
         # The offsets of the last plan handed over: committed, or being committed in the background;
         # a plan that fails stops the sink, and the next start reads the txnlog's.
         self.offsets = offsets
+
+        def plan() -> BatchPlan:
+            if later is not None:
+                writes.extend(w for w in later() if w.files or w.records)
+            plans.extend(w.plan({t: i for t, i in topic_ids.items() if t in w.offsets}) for w in writes)
+            for write in writes:
+                self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
+            if many:
+                return BatchPlan(offsets, plans, topic_ids, tables)
+            return BatchPlan.of_one_table(plans[0]) if offsets_only is None else offsets_only
 
         def done(result: CommitResult, commit_s: float) -> None:
             for write, table_plan in zip(writes, plans, strict=True):

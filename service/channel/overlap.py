@@ -31,17 +31,19 @@ class Commits:
         self._pool = ThreadPoolExecutor(1, "icesink-commit-overlap") if overlap else None
         self._in_flight: Future[None] | None = None
 
-    def submit(self, plan: BatchPlan, done: Callable[[CommitResult, float], None]) -> None:
-        """Commit ``plan`` after the plan before it; ``done`` reports it (in the committing thread),
-        with the seconds the commit took.
+    def submit(self, plan: Callable[[], BatchPlan], done: Callable[[CommitResult, float], None]) -> None:
+        """Commit the plan ``plan()`` makes after the plan before it; ``done`` reports it (in the
+        committing thread), with the seconds the commit took. Making the plan may write its files
+        (a sink's held tables): in the background too, then.
 
         Raises the failure of the plan before, if it failed: this one is then never precommitted.
         """
         self.wait()
 
         def commit() -> None:
+            made = plan()
             started = time.monotonic()
-            result = self.committer.commit(plan)
+            result = self.committer.commit(made)
             done(result, time.monotonic() - started)
 
         if self._pool is None:

@@ -26,12 +26,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io import load_file_io
 from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame
 
 from service.data.arrow_decode import Declined, LatestPerKey, decode
-from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, write_files
+from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, file_io, write_files
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
 from service.pyworker import quiet_zip_importers
@@ -288,7 +287,7 @@ class TaskTable:
 
 
 def _delete_quietly(spec: WriteSpec, files: list[DataFile]) -> None:
-    io = load_file_io(spec.io_properties, spec.metadata.location)
+    io = file_io(spec)
     for f in files:
         try:
             io.delete(f.file_path)

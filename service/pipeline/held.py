@@ -146,15 +146,25 @@ class HeldTables:
 
     def write(self, tables: list[str], spec_of: Callable[[str], WriteSpec]) -> list[TableWrite]:
         """Write the held rows of ``tables`` (at most ``concurrency`` at once) and stop holding them."""
+        return self.take(tables, spec_of)()
+
+    def take(self, tables: list[str], spec_of: Callable[[str], WriteSpec]) -> Callable[[], list[TableWrite]]:
+        """Stop holding the rows of ``tables``; what writes them (at most ``concurrency`` at once).
+
+        The specs are taken now, in this thread: ``spec_of`` asks the catalog, whose client is not
+        shared between threads. The writing may then run in another thread (the sink's commit thread,
+        service.channel.overlap) while the next batch is read."""
         started = time.monotonic()
         held = [self._held.pop(t) for t in tables if t in self._held]
-        # The specs first, in this thread: ``spec_of`` asks the catalog, whose client is not shared
-        # between threads; the files are then written at once (pyarrow lets go of the GIL).
         specs = {h.table: spec_of(h.table) for h in held}
-        if len(held) <= 1:
-            return [h.write(specs[h.table], started) for h in held]
-        with ThreadPoolExecutor(min(self.concurrency, len(held)), "icesink-held") as pool:
-            return list(pool.map(lambda h: h.write(specs[h.table], started), held))
+
+        def write() -> list[TableWrite]:
+            if len(held) <= 1:
+                return [h.write(specs[h.table], started) for h in held]
+            with ThreadPoolExecutor(min(self.concurrency, len(held)), "icesink-held") as pool:
+                return list(pool.map(lambda h: h.write(specs[h.table], started), held))
+
+        return write
 
     def topics(self, topics_of: Callable[[str], list[str]]) -> set[str]:
         """The topics whose offsets stay where they were last committed: those of the tables holding rows."""
