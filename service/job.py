@@ -306,8 +306,8 @@ class SinkJob:
                 logger.info("stop requested: stopped after the batch in flight")
             if self.fatal is None or isinstance(self.fatal, StopRequested):
                 with self._batch_lock:
-                    self._land_the_rest()
-                    try:  # the last commit in flight: its failure is the run's
+                    try:  # what is left, and the last commit in flight: their failure is the run's
+                        self._land_the_rest()
                         self.commits.wait()
                     except BaseException as exc:
                         self._failed(exc)

@@ -9,8 +9,8 @@ turning a key-only file into an equality-delete file.
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -211,17 +211,28 @@ def _as_equality_delete(data_file: DataFile, equality_ids: list[int], spec_id: i
     return delete_file
 
 
-@functools.lru_cache(maxsize=64)
-def _file_io(properties: tuple[tuple[str, str], ...], scheme: str) -> FileIO:
-    return load_file_io(dict(properties), f"{scheme}://")
+_FILE_IOS: dict[tuple[str, tuple[tuple[str, str], ...]], FileIO] = {}
+_FILE_IOS_LOCK = threading.Lock()
+_MAX_FILE_IOS = 64
 
 
 def file_io(spec: WriteSpec) -> FileIO:
     """The table's FileIO, one per process for the same properties: a FileIO builds its S3 client on
     first use (measured: 61 of them for one flush of 100 held tables, each a new client and
-    connection), and a Spark worker writes batch after batch."""
+    connection), and a Spark worker writes batch after batch.
+
+    The key is the string properties (credentials, vended ones included, and endpoints); values that
+    are objects (a REST catalog's auth manager) are handed to the FileIO as they are but not keyed
+    on: each task unpickles its own copy, which would make every task's key new."""
     scheme = spec.metadata.location.split("://", 1)[0] if "://" in spec.metadata.location else "file"
-    return _file_io(tuple(sorted((k, str(v)) for k, v in spec.io_properties.items())), scheme)
+    key = (scheme, tuple(sorted((k, v) for k, v in spec.io_properties.items() if isinstance(v, str))))
+    with _FILE_IOS_LOCK:
+        io = _FILE_IOS.get(key)
+        if io is None:
+            if len(_FILE_IOS) >= _MAX_FILE_IOS:  # credentials vended anew: the oldest go
+                del _FILE_IOS[next(iter(_FILE_IOS))]
+            io = _FILE_IOS[key] = load_file_io(dict(spec.io_properties), spec.metadata.location)
+        return io
 
 
 def write_files(spec: WriteSpec, rows: pa.Table) -> tuple[list[DataFile], list[DataFile]]:

@@ -154,11 +154,11 @@ class HeldTables:
         The specs are taken now, in this thread: ``spec_of`` asks the catalog, whose client is not
         shared between threads. The writing may then run in another thread (the sink's commit thread,
         service.channel.overlap) while the next batch is read."""
-        started = time.monotonic()
         held = [self._held.pop(t) for t in tables if t in self._held]
         specs = {h.table: spec_of(h.table) for h in held}
 
         def write() -> list[TableWrite]:
+            started = time.monotonic()
             if len(held) <= 1:
                 return [h.write(specs[h.table], started) for h in held]
             with ThreadPoolExecutor(min(self.concurrency, len(held)), "icesink-held") as pool:

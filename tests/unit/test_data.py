@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
@@ -202,3 +203,35 @@ def test_the_sinks_tables_write_s3_files_with_one_request_each() -> None:
 
     named = with_object_store_io({**properties, PY_IO_IMPL: "pyiceberg.io.pyarrow.PyArrowFileIO"})
     assert type(load_file_io(named, "s3://warehouse/t")).__name__ == "PyArrowFileIO"
+
+
+def test_a_process_keeps_one_file_io_per_set_of_credentials() -> None:
+    """Writers of the same table (or of tables with the same credentials) share one FileIO and so one
+    S3 client; other credentials get their own; an object among the properties (a REST catalog's auth
+    manager, unpickled anew in each task) is passed on but not keyed on."""
+    import pickle
+
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.metadata import new_table_metadata
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
+    from pyiceberg.types import NestedField
+
+    from service.data.files import WriteSpec, file_io
+
+    schema = Schema(NestedField(1, "id", LongType(), required=True))
+    metadata = new_table_metadata(schema, PartitionSpec(), UNSORTED_SORT_ORDER, "s3://warehouse/t", {})
+
+    def spec(key_id: str) -> WriteSpec:
+        properties: dict[str, Any] = {"s3.endpoint": "http://127.0.0.1:1", "s3.access-key-id": key_id}
+        properties["auth"] = pickle.loads(pickle.dumps(_AuthManager()))
+        return WriteSpec(metadata, properties, ["id"], upsert=True, delete_spec_id=0)
+
+    first = file_io(spec("a"))
+    assert file_io(spec("a")) is first
+    assert isinstance(first.properties["auth"], _AuthManager)
+    assert file_io(spec("b")) is not first
+
+
+class _AuthManager:
+    """Stands for a REST catalog's auth manager: a new object after every unpickling."""
