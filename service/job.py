@@ -282,11 +282,12 @@ class SinkJob:
                 # A batch that starts after a stop request fails the query on purpose (StopRequested),
                 # possibly while this loop still waits: that is the graceful path too.
                 while query.isActive and not self._stop_requested.is_set() and not self._caught_up():
-                    self._batch_done.wait(1)
+                    batch = self._batch_done.wait(1)
                     self._batch_done.clear()
                     if self.commits.failed():  # fenced, or the catalog gave up: stop now
                         self._exclusive(self.commits.wait)
-                    self._flush_when_idle()
+                    if not batch:  # a batch commits what is due itself
+                        self._flush_when_idle()
                 if query.isActive and self._caught_up():
                     # The source plans nothing past the target: what is buffered or held lands now,
                     # not after the query's stop (a second or more).
