@@ -433,7 +433,8 @@ class Bench:
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         elif part == "icesink-many":
-            runs[f"icesink-{self.args.tables}-tables"] = self.many_tables(concurrency=8)
+            if not self.args.held_only:
+                runs[f"icesink-{self.args.tables}-tables"] = self.many_tables(concurrency=8)
             for held in self.args.held:
                 key = f"icesink-{self.args.tables}-tables@held{held}"
                 runs[key] = self.many_tables(concurrency=8, held=held)
@@ -582,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         default=[1000],
         help="also run the many-tables part holding each table's changes until it has this many "
         "(commit.table_min_records; one run per value, none with --held alone)",
+    )
+    p.add_argument(
+        "--held-only",
+        action="store_true",
+        help="run the many-tables part only with --held (not also committing every table every batch)",
     )
     p.add_argument(
         "--many-serial",

@@ -361,6 +361,7 @@ class SinkJob:
             starting=starting,
             max_offsets_per_trigger=kafka.max_offsets_per_trigger,
             until=self._target,
+            chunk=self.config.commit.table_min_records,
         )
         spark.dataSource.register(source_class(plan))
         logger.info(

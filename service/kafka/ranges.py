@@ -43,6 +43,9 @@ class RangePlan:
     starting: Offsets = field(default_factory=dict)  # committed offsets; EARLIEST where none
     max_offsets_per_trigger: int | None = None
     until: Offsets | None = None  # stop planning past these (catching up, then stopping)
+    # commit.table_min_records: when the budget can't cover every partition, whole chunks of this many
+    # for some partitions (each batch others), not a thin slice for all (see cap)
+    chunk: int | None = None
     timeout_s: float = 15.0
 
     def reads(self, topic: str) -> bool:
@@ -51,17 +54,32 @@ class RangePlan:
         return topic in self.topics
 
 
-def cap(start: Offsets, latest: Offsets, budget: int | None) -> Offsets:
+TopicPartitionKey = tuple[str, int]
+
+
+def cap(
+    start: Offsets,
+    latest: Offsets,
+    budget: int | None,
+    chunk: int | None = None,
+    waited: dict[TopicPartitionKey, int] | None = None,
+) -> Offsets:
     """``latest``, or short of it so that at most ``budget`` offsets are planned in all.
 
     As Spark's Kafka source does with ``maxOffsetsPerTrigger``, the budget is shared among the
     partitions in proportion to what each has to read (every partition with something to read gets
     at least one offset), so no partition starves behind a busy one.
+
+    With ``chunk`` (a sink of many tables that commits a table once it has ``chunk`` changes), the
+    budget goes instead in whole chunks to some partitions, those that ``waited`` the most batches
+    first: see :func:`_in_chunks`.
     """
     lag = {(t, p): max(0, o - start.get(t, {}).get(p, o)) for t, ps in latest.items() for p, o in ps.items()}
     total = sum(lag.values())
     if budget is None or total <= budget:
         return {t: dict(ps) for t, ps in latest.items()}
+    if chunk is not None:
+        return _ends(start, latest, _in_chunks(lag, budget, chunk, waited or {}))
     # Floor shares first; what rounding left over goes one offset each to the partitions with the
     # most left to read, so a batch holds the whole budget (no batch of a few stragglers after it).
     shares = {tp: max(1, n * budget // total) if n else 0 for tp, n in lag.items()}
@@ -72,9 +90,62 @@ def cap(start: Offsets, latest: Offsets, budget: int | None) -> Offsets:
         if lag[tp] > shares[tp]:
             shares[tp] += 1
             spare -= 1
+    return _ends(start, latest, {tp: min(n, shares[tp]) for tp, n in lag.items()})
+
+
+def _in_chunks(
+    lag: dict[TopicPartitionKey, int], budget: int, chunk: int, waited: dict[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
+    """Offsets to read per partition: whole chunks for as many partitions as the budget holds.
+
+    A backlog over many small tables, shared thinly, gives every table a few records per batch: each
+    table then pays a decode and, at its commit, a snapshot for a sliver of its changes (or holds them
+    batch after batch). In chunks, a batch reads ``chunk`` records (or all it has, under two chunks)
+    from each partition it serves, the partitions that waited the most batches first, so every
+    partition is served within ``partitions x chunk / budget`` batches; what is left of the budget
+    reads further into the partitions served. The first partition in turn is served even when the
+    budget is under a chunk.
+    """
+    order = sorted((tp for tp, n in lag.items() if n), key=lambda tp: (-waited.get(tp, 0), -lag[tp], tp))
+    shares: dict[TopicPartitionKey, int] = {}
+    left = budget
+    for tp in order:
+        n = lag[tp] if lag[tp] < 2 * chunk else chunk
+        if n > left:
+            if shares:
+                continue  # a smaller one further on may fit
+            n = left
+        shares[tp] = n
+        left -= n
+    for tp in order:
+        if left <= 0:
+            break
+        if tp in shares:
+            more = min(lag[tp] - shares[tp], left)
+            shares[tp] += more
+            left -= more
+    return shares
+
+
+def waits(
+    start: Offsets, latest: Offsets, end: Offsets, waited: dict[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
+    """Batches each partition has waited with records to read, after a batch from ``start`` to ``end``."""
+    out: dict[TopicPartitionKey, int] = {}
+    for t, ps in latest.items():
+        for p, o in ps.items():
+            at = start.get(t, {}).get(p, o)
+            behind, served = o > at, end.get(t, {}).get(p, at) > at
+            out[(t, p)] = waited.get((t, p), 0) + 1 if behind and not served else 0
+    return out
+
+
+def _ends(start: Offsets, latest: Offsets, shares: dict[TopicPartitionKey, int]) -> Offsets:
+    """Each partition of ``latest`` moved ``shares`` offsets on from its start (none: where it is)."""
     out: Offsets = {}
-    for (t, p), n in sorted(lag.items()):
-        out.setdefault(t, {})[p] = start.get(t, {}).get(p, latest[t][p]) + min(n, shares[(t, p)])
+    for t, ps in sorted(latest.items()):
+        for p, o in sorted(ps.items()):
+            out.setdefault(t, {})[p] = start.get(t, {}).get(p, o) + shares.get((t, p), 0)
     return out
 
 
@@ -83,6 +154,7 @@ class RangeReader(DataSourceStreamReader):
         self.plan = plan
         self._admin: AdminClient | None = None
         self._last: Offsets | None = None  # the end of the last batch planned
+        self._waited: dict[TopicPartitionKey, int] = {}  # batches a partition with records waited (cap)
 
     def _client(self) -> AdminClient:
         if self._admin is None:  # an admin client is a producer to librdkafka: no consumer property
@@ -129,7 +201,11 @@ class RangeReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         start = self._resolve(self.plan.starting, self._partitions())
-        self._last = start
+        # Spark asks again for the start of a batch with no offsets in its log (at every trigger until
+        # the first batch is logged): what was planned since must stay planned, or a partition served
+        # in chunks would be planned again from its start.
+        if self._last is None:
+            self._last = start
         return offsets_to_json(start)
 
     def latestOffset(self) -> dict[str, Any]:
@@ -144,7 +220,8 @@ class RangeReader(DataSourceStreamReader):
                 for t, ps in latest.items()
                 if t in self.plan.until
             }
-        end = cap(start, latest, self.plan.max_offsets_per_trigger)
+        end = cap(start, latest, self.plan.max_offsets_per_trigger, self.plan.chunk, self._waited)
+        self._waited = waits(start, latest, end, self._waited)
         self._last = {t: {**start.get(t, {}), **ps} for t, ps in end.items()} | {
             t: ps for t, ps in start.items() if t not in end
         }

@@ -458,13 +458,21 @@ def write_arrow_tables(
         outcomes = arrow_batch.run_tables(
             records.rows, specs, first.config.write.parallelism, arrow_ranges(records)
         )
-        logger.debug(
-            "%d tables in one job (%d held): their specs (table metadata) %.2fs, the job %.2fs",
-            len(tables),
-            len(hold & set(tables)),
-            specified - started,
-            time.monotonic() - specified,
-        )
+        if logger.isEnabledFor(logging.DEBUG):
+            seconds: dict[str, float] = {}
+            for outcome in outcomes.values():
+                if isinstance(outcome, arrow_batch.ArrowBatch):
+                    for phase, s in outcome.task_seconds.items():
+                        seconds[phase] = seconds.get(phase, 0.0) + s
+            logger.debug(
+                "%d tables in one job (%d held): their specs (table metadata) %.2fs, the job %.2fs; "
+                "in the tasks, summed: %s",
+                len(tables),
+                len(hold & set(tables)),
+                specified - started,
+                time.monotonic() - specified,
+                ", ".join(f"{phase} {s:.2f}s" for phase, s in sorted(seconds.items())) or "nothing",
+            )
         return outcomes
 
     result = ArrowTables()

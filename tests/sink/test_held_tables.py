@@ -5,6 +5,7 @@ each lands exactly, also when the sink dies while it holds their changes."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,27 +46,65 @@ def _snapshots(catalog: Catalog, table: str, sink: Sink) -> list[dict[str, str]]
 def test_quiet_tables_are_held_across_batches_and_land_exactly_once_due(
     make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
 ) -> None:
-    """2,400 changes to a busy table and 120 to each of two quiet ones, read 880 records a batch (Spark
-    shares them out by backlog: ~800 busy, ~40 quiet): the busy table's batches are due on their own
-    and get a snapshot each, each quiet table one snapshot (its changes of every batch merged,
-    updates and deletes across batches included) when the stream ends."""
+    """Changes arrive while the sink runs, three rounds of 400 to a busy table and 40 to each of two
+    quiet ones: every round's batch reads them all (no backlog), the busy table's share is due on its
+    own and gets a snapshot, the quiet tables' shares are held round after round; a graceful stop
+    lands each quiet table in one snapshot (its changes of every batch merged, updates and deletes
+    across batches included)."""
     sink, prefix, namespace = _sink(
         make_sink, unique_name, {"table_min_records": 300, "table_max_period": "1h"}
     )
     sources = {n: SampleSource(keys=40, seed=i, table=n) for i, n in enumerate(["busy", "quiet", "calm"])}
-    _feed(sink, prefix, sources, {"busy": 2400, "quiet": 120, "calm": 120})
+    busy = f"{namespace}.busy"
 
-    run = sink.run_until_caught_up()
+    run = sink.start()
+    try:
+        for round_ in range(1, 4):
+            _feed(sink, prefix, sources, {"busy": 400, "quiet": 40, "calm": 40})
+            run.wait_for_log(f"to {busy}:", timeout=180, count=round_)
+        for name in ["quiet", "calm"]:  # every change read (and held) before the stop
+            run.wait_for_log(f"{namespace}.{name} (120)", timeout=60)
+        held = [line for line in run.log().splitlines() if "changes held (records) for" in line]
+        # The story: the quiet tables' changes were held in more than one batch, and none committed.
+        assert sum(f"{namespace}.quiet (" in line for line in held) >= 2, run.log()[-4000:]
+        assert _snapshots(rest_catalog, f"{namespace}.quiet", sink) == []
+    finally:
+        run.kill(signal.SIGTERM)
+    assert run.wait() == 0, run.log()[-4000:]
 
-    log = run.log()
-    assert "changes held (records) for" in log, log[-4000:]
     for name in ["quiet", "calm"]:
         table = f"{namespace}.{name}"
         assert len(_snapshots(rest_catalog, table, sink)) == 1, f"{table} committed more than once"
         assert_rows(spark, table, sources[name].expected_rows())
-    busy = f"{namespace}.busy"
     assert len(_snapshots(rest_catalog, busy, sink)) >= 3
     assert_rows(spark, busy, sources["busy"].expected_rows())
+
+
+def test_a_backlog_of_quiet_tables_is_read_in_whole_chunks_each_table_once(
+    make_sink: Callable[..., Sink], unique_name: Callable[[str], str], spark: Any, rest_catalog: Catalog
+) -> None:
+    """Six tables with 500 changes each wait in Kafka and a batch reads at most 1,000 records: shared
+    out thinly, every batch would bring each table ~160 changes, held batch after batch. In chunks
+    (``table_min_records`` 300; under two chunks left, a table's whole backlog) each batch reads two
+    tables whole, due on their own: every table gets one snapshot of its 500 changes, read once."""
+    sink, prefix, namespace = _sink(
+        make_sink, unique_name, {"table_min_records": 300, "table_max_period": "1h"}
+    )
+    sink.config["kafka"]["max_offsets_per_trigger"] = 1_000
+    names = [f"t{i}" for i in range(6)]
+    sources = {n: SampleSource(keys=60, seed=i, table=n) for i, n in enumerate(names)}
+    _feed(sink, prefix, sources, dict.fromkeys(names, 500))
+
+    run = sink.run_until_caught_up()
+
+    log = run.log()
+    assert "changes held (records) for" not in log  # every table's share was due on its own
+    for name in names:
+        table = f"{namespace}.{name}"
+        commits = [line for line in log.splitlines() if f"to {table}:" in line]
+        assert len(commits) == 1 and ", 500 records " in commits[0], commits
+        assert len(_snapshots(rest_catalog, table, sink)) == 1
+        assert_rows(spark, table, sources[name].expected_rows())
 
 
 def test_held_changes_are_read_again_after_the_sink_is_killed(
