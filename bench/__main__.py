@@ -446,6 +446,8 @@ class Bench:
                 key = f"icesink-{self.args.tables}-tables@c1"
                 runs[key] = self.many_tables(concurrency=1)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
+            if self.args.held_only:
+                return
             part = f"icesink-{self.args.tables}-tables"
         elif part == "merge-into":
             runs[part] = self.baseline("merge")

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from functools import reduce
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
@@ -67,6 +68,14 @@ logger = logging.getLogger(__name__)
 
 class SinkFenced(RuntimeError):
     """A newer replica took over; this one must stop without writing anything more."""
+
+
+def _log_progress(progress: dict[str, Any] | None) -> None:
+    """Spark's own account of its last micro-batch (planning, offset log, the batch itself), in ms."""
+    if progress:
+        logger.debug(
+            "micro-batch %s, Spark's durations (ms): %s", progress.get("batchId"), progress.get("durationMs")
+        )
 
 
 class SinkJob:
@@ -288,6 +297,8 @@ class SinkJob:
                         self._exclusive(self.commits.wait)
                     if not batch:  # a batch commits what is due itself
                         self._flush_when_idle()
+                    elif logger.isEnabledFor(logging.DEBUG):
+                        _log_progress(query.lastProgress)
                 if query.isActive and self._caught_up():
                     # The source plans nothing past the target: what is buffered or held lands now,
                     # not after the query's stop (a second or more).
