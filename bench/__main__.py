@@ -178,7 +178,8 @@ class Bench:
                 **self._streamed(f"icesink {n} tables", commits, run.wall_s, counted, True, run.stream_s),
                 "tables": n,
                 "table_min_records": held,
-                "commits_per_table": len(commits),
+                "commits": len(commits),  # the sink's plans: batches that committed a table
+                "snapshots_per_table": sum(b.snapshots for b in run.batches) / n,
                 "cpu_s": run.cpu_s,
                 "batch_s": figures.summarise([b.write_s + b.commit_s for b in run.batches]),
                 "write_s": figures.summarise([b.write_s for b in run.batches]),

@@ -37,6 +37,7 @@ class Batch:
     records: int
     write_s: float
     commit_s: float
+    snapshots: int = 1  # tables committed by the batch's plan (a sink of many tables)
 
 
 @dataclass
@@ -133,6 +134,7 @@ def parse_batches(log: str) -> list[Batch]:
         if seq in batches:
             b = batches[seq]
             b.records += records
+            b.snapshots += 1
             b.write_s = max(b.write_s, write_s)
             b.commit_s = max(b.commit_s, commit_s)
             b.committed_at = max(b.committed_at, committed_at)
