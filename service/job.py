@@ -372,7 +372,7 @@ class SinkJob:
             starting=starting,
             max_offsets_per_trigger=kafka.max_offsets_per_trigger,
             until=self._target,
-            chunk=self.config.commit.table_min_records,
+            chunk=self.config.backlog_chunk if self.routes.many else None,
         )
         spark.dataSource.register(source_class(plan))
         logger.info(

@@ -43,8 +43,8 @@ class RangePlan:
     starting: Offsets = field(default_factory=dict)  # committed offsets; EARLIEST where none
     max_offsets_per_trigger: int | None = None
     until: Offsets | None = None  # stop planning past these (catching up, then stopping)
-    # commit.table_min_records: when the budget can't cover every partition, whole chunks of this many
-    # for some partitions (each batch others), not a thin slice for all (see cap)
+    # A sink of many tables: when the budget can't cover every partition, whole chunks of this many for
+    # some partitions (each batch others), not a thin slice for all (see cap)
     chunk: int | None = None
     timeout_s: float = 15.0
 
@@ -117,13 +117,12 @@ def _in_chunks(
             n = left
         shares[tp] = n
         left -= n
-    for tp in order:
-        if left <= 0:
-            break
-        if tp in shares:
-            more = min(lag[tp] - shares[tp], left)
-            shares[tp] += more
-            left -= more
+    # What is left goes to the partitions served, in proportion to what each has left to read (the
+    # floor of it), so that partitions of one busy topic stay level and their tasks even.
+    rest = {tp: lag[tp] - n for tp, n in shares.items() if lag[tp] > n}
+    total = sum(rest.values())
+    for tp, n in rest.items():
+        shares[tp] += min(n, n * left // total)
     return shares
 
 

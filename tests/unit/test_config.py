@@ -195,3 +195,13 @@ def test_a_templates_namespace_is_split_at_its_last_dot_outside_braces() -> None
     assert _split("lake.{source.table}") == ("lake", "{source.table}")
     assert _split("{source.schema}.{source.table}") == ("{source.schema}", "{source.table}")
     assert _split("a.b.{topic}") == ("a.b", "{topic}")
+
+
+def test_a_sink_behind_reads_its_backlog_in_chunks_of_a_tenth_of_the_budget_or_table_min_records() -> None:
+    kafka = {"bootstrap_servers": "k:9092", "topic_pattern": "shop\\..*"}
+    many = {"identifier": "lake.{source.table}", "key": []}
+    assert parse_config(with_(kafka=kafka, table=many), env={}).backlog_chunk is None  # no budget
+    budget = {**kafka, "max_offsets_per_trigger": 20_000}
+    assert parse_config(with_(kafka=budget, table=many), env={}).backlog_chunk == 2_000
+    held = with_(kafka=budget, table=many, commit={"table_min_records": 500})
+    assert parse_config(held, env={}).backlog_chunk == 500

@@ -90,3 +90,8 @@ def test_the_start_asked_after_the_first_batch_was_planned_does_not_plan_it_agai
     assert first == {"a": {0: 1_000}, "b": {0: 0}}
     # the next batch goes on from the first one's end: every offset planned once
     assert second == {"a": {0: 1_000}, "b": {0: 1_000}}
+
+
+def test_the_partitions_of_one_busy_topic_stay_level_when_read_in_chunks() -> None:
+    end = cap({"t": {0: 0, 1: 0}}, {"t": {0: 100_000, 1: 100_000}}, 20_000, chunk=2_000)
+    assert end == {"t": {0: 10_000, 1: 10_000}}
