@@ -628,12 +628,14 @@ class SinkConfig(_Section):
     def backlog_chunk(self) -> int | None:
         """Records per partition a sink of many tables reads at once while it is behind
         (service.kafka.ranges.cap): ``commit.table_min_records``, else a tenth of
-        ``kafka.max_offsets_per_trigger`` (at least ten partitions a batch, each table's share big
-        enough to be worth its snapshot); none without a budget, when every batch reads everything."""
+        ``kafka.max_offsets_per_trigger`` (five to ten partitions a batch, each table's share big
+        enough to be worth its snapshot). None without a budget: every batch reads everything."""
+        budget = self.kafka.max_offsets_per_trigger
+        if budget is None:
+            return None
         if self.commit.table_min_records is not None:
             return self.commit.table_min_records
-        budget = self.kafka.max_offsets_per_trigger
-        return max(1, budget // 10) if budget else None
+        return max(1, budget // 10)
 
     @property
     def dead_letter_topic(self) -> str:

@@ -77,7 +77,7 @@ def cap(
     lag = {(t, p): max(0, o - start.get(t, {}).get(p, o)) for t, ps in latest.items() for p, o in ps.items()}
     total = sum(lag.values())
     if budget is None or total <= budget:
-        return {t: dict(ps) for t, ps in latest.items()}
+        return _ends(start, latest, lag)  # latest, never short of the start
     if chunk is not None:
         return _ends(start, latest, _in_chunks(lag, budget, chunk, waited or {}))
     # Floor shares first; what rounding left over goes one offset each to the partitions with the
@@ -102,8 +102,8 @@ def _in_chunks(
     table then pays a decode and, at its commit, a snapshot for a sliver of its changes (or holds them
     batch after batch). In chunks, a batch reads ``chunk`` records (or all it has, under two chunks)
     from each partition it serves, the partitions that waited the most batches first, so every
-    partition is served within ``partitions x chunk / budget`` batches; what is left of the budget
-    reads further into the partitions served. The first partition in turn is served even when the
+    partition is served within about ``partitions x 2 chunks / budget`` batches; what is left of the
+    budget reads further into the partitions served. The first partition in turn is served even when the
     budget is under a chunk.
     """
     order = sorted((tp for tp, n in lag.items() if n), key=lambda tp: (-waited.get(tp, 0), -lag[tp], tp))
@@ -200,9 +200,9 @@ class RangeReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         start = self._resolve(self.plan.starting, self._partitions())
-        # Spark asks again for the start of a batch with no offsets in its log (at every trigger until
-        # the first batch is logged): what was planned since must stay planned, or a partition served
-        # in chunks would be planned again from its start.
+        # Spark plans the first batch (latestOffset) before it asks for that batch's start: what was
+        # planned must stay planned, or the next plan would start over from the committed offsets
+        # and read a partition again.
         if self._last is None:
             self._last = start
         return offsets_to_json(start)

@@ -205,3 +205,5 @@ def test_a_sink_behind_reads_its_backlog_in_chunks_of_a_tenth_of_the_budget_or_t
     assert parse_config(with_(kafka=budget, table=many), env={}).backlog_chunk == 2_000
     held = with_(kafka=budget, table=many, commit={"table_min_records": 500})
     assert parse_config(held, env={}).backlog_chunk == 500
+    unbounded = with_(kafka=kafka, table=many, commit={"table_min_records": 500})
+    assert parse_config(unbounded, env={}).backlog_chunk is None

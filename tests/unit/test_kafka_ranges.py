@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from confluent_kafka.admin import OffsetSpec
 
 from service.kafka.ranges import RangePlan, RangeReader, cap, waits
@@ -95,3 +97,37 @@ def test_the_start_asked_after_the_first_batch_was_planned_does_not_plan_it_agai
 def test_the_partitions_of_one_busy_topic_stay_level_when_read_in_chunks() -> None:
     end = cap({"t": {0: 0, 1: 0}}, {"t": {0: 100_000, 1: 100_000}}, 20_000, chunk=2_000)
     assert end == {"t": {0: 10_000, 1: 10_000}}
+
+
+def test_every_plan_moves_forward_within_the_budget_and_serves_every_partition() -> None:
+    """Random backlogs, records arriving between batches, partitions appearing, targets (``until``):
+    every plan ends between its start and the partition's end, holds at most the budget (in chunks;
+    shared in proportion, one offset per partition behind at least), and a partition with records
+    to read is served within a bounded number of batches."""
+    rng = random.Random(11)
+    for _ in range(300):
+        budget, chunk = rng.randint(1, 5_000), rng.choice([None, rng.randint(1, 2_000)])
+        latest: Offsets = {
+            f"t{i}": {p: rng.randint(0, 20_000) for p in range(rng.randint(1, 3))} for i in range(8)
+        }
+        start: Offsets = {t: {p: rng.randint(0, o) for p, o in ps.items()} for t, ps in latest.items()}
+        waited: dict[tuple[str, int], int] = {}
+        for _ in range(40):
+            end = cap(start, latest, budget, chunk, waited)
+            moved = behind = 0
+            for t, ps in latest.items():
+                for p, o in ps.items():
+                    s = start.get(t, {}).get(p, o)
+                    assert s <= end[t][p] <= max(s, o), (t, p, s, end[t][p], o)
+                    moved += end[t][p] - s
+                    behind += o > s
+            # shared in proportion, a partition behind gets at least one offset, even past the budget
+            assert moved <= (budget if chunk else max(budget, behind))
+            waited = waits(start, latest, end, waited)
+            assert max(waited.values(), default=0) <= 2 * len(waited) + 2
+            start = {t: {**start.get(t, {}), **ps} for t, ps in end.items()}
+            for ps in latest.values():  # records arrive; now and then a partition is born
+                for p in ps:
+                    ps[p] += rng.choice([0, 0, rng.randint(1, 500)])
+            if rng.random() < 0.1:
+                latest[f"t{len(latest)}"] = {0: rng.randint(1, 3_000)}
