@@ -70,9 +70,9 @@ def cap(
     partitions in proportion to what each has to read (every partition with something to read gets
     at least one offset), so no partition starves behind a busy one.
 
-    With ``chunk`` (a sink of many tables that commits a table once it has ``chunk`` changes), the
-    budget goes instead in whole chunks to some partitions, those that ``waited`` the most batches
-    first: see :func:`_in_chunks`.
+    With ``chunk`` (a sink of many tables: ``SinkConfig.backlog_chunk``), the budget goes instead in
+    whole chunks to some partitions, those that ``waited`` the most batches first: see
+    :func:`_in_chunks`.
     """
     lag = {(t, p): max(0, o - start.get(t, {}).get(p, o)) for t, ps in latest.items() for p, o in ps.items()}
     total = sum(lag.values())
@@ -103,8 +103,8 @@ def _in_chunks(
     batch after batch). In chunks, a batch reads ``chunk`` records (or all it has, under two chunks)
     from each partition it serves, the partitions that waited the most batches first, so every
     partition is served within about ``partitions x 2 chunks / budget`` batches; what is left of the
-    budget reads further into the partitions served. The first partition in turn is served even when the
-    budget is under a chunk.
+    budget reads further into the partitions served. The first partition in turn is served even
+    when the budget is under a chunk.
     """
     order = sorted((tp for tp, n in lag.items() if n), key=lambda tp: (-waited.get(tp, 0), -lag[tp], tp))
     shares: dict[TopicPartitionKey, int] = {}
