@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--held-only",
         action="store_true",
-        help="run the many-tables part only with --held (not also committing every table every batch)",
+        help="run the many-tables part only with --held (not also without commit.table_min_records)",
     )
     p.add_argument(
         "--many-serial",
