@@ -220,7 +220,8 @@ class RangeReader(DataSourceStreamReader):
                 if t in self.plan.until
             }
         end = cap(start, latest, self.plan.max_offsets_per_trigger, self.plan.chunk, self._waited)
-        self._waited = waits(start, latest, end, self._waited)
+        if self.plan.chunk is not None:  # only a plan in chunks asks who waited
+            self._waited = waits(start, latest, end, self._waited)
         self._last = {t: {**start.get(t, {}), **ps} for t, ps in end.items()} | {
             t: ps for t, ps in start.items() if t not in end
         }
