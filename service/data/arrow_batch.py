@@ -33,7 +33,7 @@ from service.data.arrow_decode import Declined, LatestPerKey, decode
 from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, file_io, write_files
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
-from service.pyworker import quiet_zip_importers
+from service.pyworker import freeze_survivors, quiet_zip_importers
 
 logger = logging.getLogger(__name__)
 # Imported in the Python workers (the tasks' functions live here): set them up once.
@@ -124,6 +124,7 @@ def process_tables(
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body for a batch of several tables: each topic's rows are written into its
     table (``targets``: topic → table, ``specs``: table → spec; with one table, ``""``)."""
+    freeze_survivors()
     collected: list[pa.RecordBatch] = []
     held = 0
     limit = min(spec.max_task_bytes for spec in specs.values())
@@ -173,6 +174,7 @@ def process_ranges(
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body over offset ranges (service.kafka.ranges): each range is read by the task
     itself, chunk by chunk, into its topic's table (``targets`` as in :func:`process_tables`)."""
+    freeze_survivors()
     for batch in batches:
         for r in batch.to_pylist():
             target = targets.get(r["topic"], "") if targets else ""

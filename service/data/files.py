@@ -27,6 +27,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, IcebergType, ListType, TimeType, UUIDType
 
 from service.model.datafile_json import to_json
+from service.pyworker import freeze_survivors
 
 # Column of the rows fed to the writer that says what a row is (see service.data.changes).
 OP_COLUMN = "__icesink_op"
@@ -265,6 +266,7 @@ def write_files(spec: WriteSpec, rows: pa.Table) -> tuple[list[DataFile], list[D
 
 def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: all rows of one Spark partition → one record batch of file metadata."""
+    freeze_survivors()
     collected = list(batches)
     if not collected:
         return
