@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,10 +149,17 @@ def _ends(start: Offsets, latest: Offsets, shares: dict[TopicPartitionKey, int])
     return out
 
 
+# How long the topics' partitions, asked of the broker, are taken as they were: asking costs a metadata
+# request of every topic in the cluster (~10 ms here) per micro-batch. A topic or partition added is
+# planned at most this much later.
+PARTITIONS_MAX_AGE_S = 5.0
+
+
 class RangeReader(DataSourceStreamReader):
     def __init__(self, plan: RangePlan) -> None:
         self.plan = plan
         self._admin: AdminClient | None = None
+        self._known: tuple[float, dict[str, list[int]]] | None = None  # when asked, the partitions
         self._last: Offsets | None = None  # the end of the last batch planned
         self._waited: dict[TopicPartitionKey, int] = {}  # batches a partition with records waited (cap)
 
@@ -160,16 +168,21 @@ class RangeReader(DataSourceStreamReader):
             self._admin = AdminClient({k: v for k, v in self.plan.client.items() if k != "isolation.level"})
         return self._admin
 
-    def _partitions(self) -> dict[str, list[int]]:
+    def _partitions(self, fresh: bool = False) -> dict[str, list[int]]:
+        now = time.monotonic()
+        if not fresh and self._known is not None and now - self._known[0] < PARTITIONS_MAX_AGE_S:
+            return self._known[1]
         try:
             meta = self._client().list_topics(timeout=self.plan.timeout_s)
         except KafkaException as exc:
             raise RuntimeError(f"Kafka did not answer: {exc}") from None
-        return {
+        parts = {
             name: sorted(info.partitions)
             for name, info in sorted(meta.topics.items())
             if self.plan.reads(name) and info.error is None and info.partitions
         }
+        self._known = (now, parts)
+        return parts
 
     def _list(self, parts: dict[str, list[int]], spec: OffsetSpec) -> Offsets:
         """One request for every partition's earliest or end offset (the last stable offset under
@@ -209,8 +222,12 @@ class RangeReader(DataSourceStreamReader):
 
     def latestOffset(self) -> dict[str, Any]:
         parts = self._partitions()
+        try:
+            latest = self._list(parts, OffsetSpec.latest())
+        except KafkaException:  # a topic deleted since the partitions were asked: ask again
+            parts = self._partitions(fresh=True)
+            latest = self._list(parts, OffsetSpec.latest())
         start = self._resolve(self._last if self._last is not None else self.plan.starting, parts)
-        latest = self._list(parts, OffsetSpec.latest())
         if self.plan.until is not None:  # nothing past the target, and nothing of a topic born since
             latest = {
                 t: {

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+from typing import Any
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
 from service.kafka.ranges import RangePlan, RangeReader, cap, waits
@@ -71,7 +74,7 @@ class _Broker(RangeReader):
         super().__init__(plan)
         self.latest = latest
 
-    def _partitions(self) -> dict[str, list[int]]:
+    def _partitions(self, fresh: bool = False) -> dict[str, list[int]]:
         return {t: sorted(ps) for t, ps in self.latest.items()}
 
     def _list(self, parts: dict[str, list[int]], spec: OffsetSpec) -> Offsets:
@@ -131,3 +134,48 @@ def test_every_plan_moves_forward_within_the_budget_and_serves_every_partition()
                     ps[p] += rng.choice([0, 0, rng.randint(1, 500)])
             if rng.random() < 0.1:
                 latest[f"t{len(latest)}"] = {0: rng.randint(1, 3_000)}
+
+
+class _Cluster:
+    """An admin client's metadata answer: the topics and their partitions, and how often it was asked."""
+
+    def __init__(self, topics: dict[str, list[int]]) -> None:
+        self.topics = topics
+        self.asked = 0
+
+    def list_topics(self, timeout: float) -> Any:
+        self.asked += 1
+        return SimpleNamespace(
+            topics={
+                t: SimpleNamespace(partitions=dict.fromkeys(ps), error=None) for t, ps in self.topics.items()
+            }
+        )
+
+
+class _Listed(RangeReader):
+    """The source with the cluster's metadata given and end offsets that fail for a deleted topic."""
+
+    def __init__(self, plan: RangePlan, cluster: _Cluster) -> None:
+        super().__init__(plan)
+        self.cluster = cluster
+
+    def _client(self) -> Any:
+        return self.cluster
+
+    def _list(self, parts: dict[str, list[int]], spec: OffsetSpec) -> Offsets:
+        if gone := sorted(set(parts) - set(self.cluster.topics)):
+            raise KafkaException(f"unknown topic {gone}")
+        return {t: {p: 0 if spec == OffsetSpec.earliest() else 100 for p in ps} for t, ps in parts.items()}
+
+
+def test_the_partitions_are_asked_once_while_fresh_and_again_when_a_topic_listed_is_gone() -> None:
+    cluster = _Cluster({"a": [0], "b": [0]})
+    source = _Listed(RangePlan(client={}, pattern="a|b"), cluster)
+    source.latestOffset()
+    source.latestOffset()
+    assert cluster.asked == 1  # within PARTITIONS_MAX_AGE_S: the first answer stands
+
+    del cluster.topics["b"]
+    end = offsets_from_json(source.latestOffset())
+    assert cluster.asked == 2  # the end offsets of "b" failed: asked again
+    assert end["a"] == {0: 100}
