@@ -49,8 +49,10 @@ _tasks = 0
 
 
 def freeze_survivors() -> None:
-    """Called as a task starts: freeze what the last collection left alive (every object the process
-    tracks: the collection after the last task just ran), except every ``SWEEP_EVERY``-th task."""
+    """Called as a task body starts: freeze every object the process tracks, except every
+    ``SWEEP_EVERY``-th task. That is what the collection after the last task left alive, and the
+    task's own inputs, unpickled just before (its function and spec): those are freed by reference
+    counting when the task ends, or, if they hold a reference cycle, at the next sweep."""
     global _tasks
     _tasks += 1
     if _tasks % SWEEP_EVERY:

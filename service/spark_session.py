@@ -20,7 +20,9 @@ ICEBERG_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExt
 # Spark's throwaway checkpoint (a local directory; the txnlog holds the truth) is written twice per
 # micro-batch. Through Hadoop's FileContext and its checksummed local file system, and without Hadoop's
 # native library, each write forks `chmod` (file and checksum file) and `readlink` (the rename): ~0.1 s
-# of every micro-batch. Through the FileSystem API and the raw local file system it forks once.
+# of every micro-batch. Through the FileSystem API and the raw local file system nothing forks (no
+# permission is set on create, the rename is java.io's). Session-wide: `maintain`'s local files, if
+# any, are written without checksum files too.
 CHECKPOINT_WRITES = {
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"

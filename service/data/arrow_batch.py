@@ -308,19 +308,18 @@ def _keys_in_two_tasks(blobs: list[bytes]) -> bool:
 
 
 def run(
-    records: DataFrame,
+    records: DataFrame | Ranges,
     spec: ArrowBatchSpec,
     check_schemas: Callable[[set[str]], str | None] | None = None,
-    ranges: Ranges | None = None,
 ) -> ArrowBatch:
     """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
     a task declined, a key turned up in two tasks, or ``check_schemas`` gives a reason not to take
-    the events' schema sections (a schema the table must evolve for first). With ``ranges`` the
-    tasks read the batch's records themselves (one task per Kafka partition) rather than take
-    ``records`` from Spark's source."""
-    if ranges is not None:
-        task = partial(process_ranges, {"": spec}, {}, ranges.read)
-        rows = ranges.frame.mapInArrow(task, OUTPUT_SCHEMA).collect()
+    the events' schema sections (a schema the table must evolve for first). ``records``: the rows
+    of Spark's source, or the batch's offset :class:`Ranges`, which the tasks read themselves (one
+    task per Kafka partition)."""
+    if isinstance(records, Ranges):
+        task = partial(process_ranges, {"": spec}, {}, records.read)
+        rows = records.frame.mapInArrow(task, OUTPUT_SCHEMA).collect()
     else:
         rows = (
             records.select(*KAFKA_COLUMNS)
@@ -343,7 +342,7 @@ class TableSpec:
 
 
 def run_tables(
-    records: DataFrame, tables: dict[str, TableSpec], tasks: int, ranges: Ranges | None = None
+    records: DataFrame | Ranges, tables: dict[str, TableSpec], tasks: int
 ) -> dict[str, ArrowBatch | str]:
     """Write a batch of several tables in one Spark job: each Kafka partition's rows go into its
     topic's table. Per table, its :class:`ArrowBatch`, or why it was declined (its files deleted):
@@ -354,9 +353,11 @@ def run_tables(
     most ``tasks`` tasks, each of which still handles partition by partition."""
     specs = {name: t.spec for name, t in tables.items()}
     targets = {topic: name for name, t in tables.items() for topic in t.topics}
-    if ranges is not None:
-        frame = ranges.frame.where(ranges.frame["topic"].isin(list(targets))).coalesce(tasks)
-        rows = frame.mapInArrow(partial(process_ranges, specs, targets, ranges.read), OUTPUT_SCHEMA).collect()
+    if isinstance(records, Ranges):
+        frame = records.frame.where(records.frame["topic"].isin(list(targets))).coalesce(tasks)
+        rows = frame.mapInArrow(
+            partial(process_ranges, specs, targets, records.read), OUTPUT_SCHEMA
+        ).collect()
     else:
         rows = (
             records.where(records["topic"].isin(list(targets)))

@@ -60,7 +60,8 @@ class KafkaBatch:
     def rows(self) -> DataFrame:
         if self.spark_rows is not None:
             return self.spark_rows
-        assert self.ranges is not None and self.read is not None, "a batch of neither rows nor ranges"
+        if self.ranges is None or self.read is None:
+            raise ValueError("a Kafka batch of neither Spark's rows nor offset ranges")
         return self.ranges.mapInArrow(partial(_read_rows, self.read), SPARK_KAFKA_SCHEMA)
 
     @classmethod

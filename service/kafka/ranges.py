@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
@@ -153,6 +153,13 @@ def _ends(start: Offsets, latest: Offsets, shares: dict[TopicPartitionKey, int])
 # request of every topic in the cluster (~10 ms here) per micro-batch. A topic or partition added is
 # planned at most this much later.
 PARTITIONS_MAX_AGE_S = 5.0
+# What asking for the end offset of a deleted topic's partition answers (librdkafka finds no leader).
+_GONE = {
+    KafkaError._NOENT,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
 
 
 class RangeReader(DataSourceStreamReader):
@@ -221,10 +228,15 @@ class RangeReader(DataSourceStreamReader):
         return offsets_to_json(start)
 
     def latestOffset(self) -> dict[str, Any]:
+        known = self._known
         parts = self._partitions()
         try:
             latest = self._list(parts, OffsetSpec.latest())
-        except KafkaException:  # a topic deleted since the partitions were asked: ask again
+        except KafkaException as exc:
+            # A topic deleted since the partitions were last asked has no leader: ask again, once.
+            if self._known is not known or exc.args[0].code() not in _GONE:
+                raise
+            logger.info("a topic's partitions are gone (%s): asking for the topics again", exc)
             parts = self._partitions(fresh=True)
             latest = self._list(parts, OffsetSpec.latest())
         start = self._resolve(self._last if self._last is not None else self.plan.starting, parts)

@@ -331,7 +331,7 @@ class TablePipeline:
 
     def _arrow_run(self, records: KafkaBatch) -> arrow_batch.ArrowBatch:
         table_spec = self.arrow_spec([])
-        return arrow_batch.run(records.rows, table_spec.spec, table_spec.check_schemas, arrow_ranges(records))
+        return arrow_batch.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
 
     def _spark_write(
         self,
@@ -431,10 +431,11 @@ class ArrowTables:
     held: dict[str, arrow_batch.ArrowBatch] = field(default_factory=dict)
 
 
-def arrow_ranges(records: KafkaBatch) -> arrow_batch.Ranges | None:
-    """The batch's offset ranges for the Arrow path's tasks to read, when the source planned them."""
+def arrow_input(records: KafkaBatch) -> DataFrame | arrow_batch.Ranges:
+    """What the Arrow path's tasks read: the batch's offset ranges when the source planned them (Spark's
+    rows of them are then never planned), else the rows of Spark's source."""
     if records.ranges is None or records.read is None:
-        return None
+        return records.rows
     return arrow_batch.Ranges(records.ranges, records.read)
 
 
@@ -455,9 +456,7 @@ def write_arrow_tables(
         for name, (pipeline, topics, _) in tables.items():
             specs[name] = pipeline.arrow_spec(topics, hold=name in hold)
         specified = time.monotonic()
-        outcomes = arrow_batch.run_tables(
-            records.rows, specs, first.config.write.parallelism, arrow_ranges(records)
-        )
+        outcomes = arrow_batch.run_tables(arrow_input(records), specs, first.config.write.parallelism)
         if logger.isEnabledFor(logging.DEBUG):
             seconds: dict[str, float] = {}
             for outcome in outcomes.values():

@@ -6,9 +6,11 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import KafkaException
+import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import OffsetSpec
 
+from service.kafka import ranges
 from service.kafka.ranges import RangePlan, RangeReader, cap, waits
 from service.model.offsets import Offsets, offsets_from_json
 
@@ -153,29 +155,60 @@ class _Cluster:
 
 
 class _Listed(RangeReader):
-    """The source with the cluster's metadata given and end offsets that fail for a deleted topic."""
+    """The source with the cluster's metadata given, and end offsets that fail as librdkafka's do for a
+    deleted topic's partition (no leader), or with ``failure`` for every topic."""
 
     def __init__(self, plan: RangePlan, cluster: _Cluster) -> None:
         super().__init__(plan)
         self.cluster = cluster
+        self.failure: KafkaError | None = None
 
     def _client(self) -> Any:
         return self.cluster
 
     def _list(self, parts: dict[str, list[int]], spec: OffsetSpec) -> Offsets:
-        if gone := sorted(set(parts) - set(self.cluster.topics)):
-            raise KafkaException(f"unknown topic {gone}")
+        if self.failure is not None:
+            raise KafkaException(self.failure)
+        if set(parts) - set(self.cluster.topics):
+            raise KafkaException(KafkaError(KafkaError._NOENT, "Failed to query partition leaders"))
         return {t: {p: 0 if spec == OffsetSpec.earliest() else 100 for p in ps} for t, ps in parts.items()}
 
 
-def test_the_partitions_are_asked_once_while_fresh_and_again_when_a_topic_listed_is_gone() -> None:
-    cluster = _Cluster({"a": [0], "b": [0]})
-    source = _Listed(RangePlan(client={}, pattern="a|b"), cluster)
-    source.latestOffset()
-    source.latestOffset()
-    assert cluster.asked == 1  # within PARTITIONS_MAX_AGE_S: the first answer stands
+def _listed(topics: dict[str, list[int]]) -> _Listed:
+    return _Listed(RangePlan(client={}, pattern="a|b|c"), _Cluster(topics))
 
-    del cluster.topics["b"]
+
+def test_the_partitions_are_asked_once_while_fresh_and_again_when_a_topic_listed_is_gone() -> None:
+    source = _listed({"a": [0], "b": [0]})
+    source.latestOffset()
+    source.latestOffset()
+    assert source.cluster.asked == 1  # within PARTITIONS_MAX_AGE_S: the first answer stands
+
+    del source.cluster.topics["b"]
     end = offsets_from_json(source.latestOffset())
-    assert cluster.asked == 2  # the end offsets of "b" failed: asked again
+    assert source.cluster.asked == 2  # the end offsets of "b" failed: asked again
     assert end["a"] == {0: 100}
+
+
+def test_a_topic_created_is_planned_once_the_partitions_known_are_older_than_their_max_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1_000.0]
+    monkeypatch.setattr(ranges.time, "monotonic", lambda: now[0])
+    source = _listed({"a": [0]})
+    source.latestOffset()
+    source.cluster.topics["c"] = [0, 1]
+    assert "c" not in offsets_from_json(source.latestOffset())
+
+    now[0] += ranges.PARTITIONS_MAX_AGE_S
+    assert offsets_from_json(source.latestOffset())["c"] == {0: 100, 1: 100}
+    assert source.cluster.asked == 2
+
+
+def test_a_failure_other_than_a_gone_topic_is_not_asked_again() -> None:
+    source = _listed({"a": [0]})
+    source.latestOffset()
+    source.failure = KafkaError(KafkaError._TIMED_OUT, "timed out")
+    with pytest.raises(KafkaException, match="timed out"):
+        source.latestOffset()
+    assert source.cluster.asked == 1
