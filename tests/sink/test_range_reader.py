@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from service.kafka import reader
+from service.kafka.batch import _local_ranges
 from service.kafka.reader import OffsetRange, read_range
 
 
@@ -77,3 +79,13 @@ def _high(bootstrap: str, topic: str) -> int:
         return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1])
     finally:
         consumer.close()
+
+
+def test_a_batch_ranges_frame_keeps_every_range_as_planned_one_task_per_core(spark: Any) -> None:
+    rows = [("shop.public.o'rders\\x", 0, 5, 2**40), ("shop.public.items", 3, 0, 7)]
+    rows += [(f"t{i}", i % 3, i, i + 1) for i in range(40)]
+    frame = _local_ranges(spark, rows)
+    assert frame.schema.simpleString() == "struct<topic:string,partition:int,start:bigint,end:bigint>"
+    assert [tuple(r) for r in frame.collect()] == rows
+    assert frame.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism
+    assert _local_ranges(spark, rows[:1]).rdd.getNumPartitions() == 1
