@@ -30,6 +30,12 @@ CHECKPOINT_WRITES = {
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 }
 
+
+def sql_literal(text: str) -> str:
+    """``text`` as a Spark SQL string literal (backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 # Spark's default, plus the names of the catalog settings that hold secrets (REST credential, headers).
 REDACTION = "(?i)secret|password|token|access[.]?key|credential|header"
 

@@ -228,13 +228,15 @@ class RangeReader(DataSourceStreamReader):
         return offsets_to_json(start)
 
     def latestOffset(self) -> dict[str, Any]:
-        known = self._known
+        asked_before = self._known
         parts = self._partitions()
         try:
             latest = self._list(parts, OffsetSpec.latest())
         except KafkaException as exc:
-            # A topic deleted since the partitions were last asked has no leader: ask again, once.
-            if self._known is not known or exc.args[0].code() not in _GONE:
+            # A topic deleted since the partitions were last asked has no leader: ask again, once
+            # (only if they came from that earlier answer, not from one asked just now).
+            from_cache = self._known is asked_before
+            if not from_cache or exc.args[0].code() not in _GONE:
                 raise
             logger.info("a topic's partitions are gone (%s): asking for the topics again", exc)
             parts = self._partitions(fresh=True)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.config import MaintenanceConfig, SinkConfig
 from service.maintenance.health import TableHealth
+from service.spark_session import sql_literal
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -64,7 +65,7 @@ class TaskContext:
     def call(self, procedure: str, **args: str) -> list[dict[str, Any]]:
         """``CALL <catalog>.system.<procedure>(table => '<catalog>.<ns.table>', <args>)``; args are SQL
         expressions."""
-        table = _literal(self.spark_name)
+        table = sql_literal(self.spark_name)
         arguments = ", ".join([f"table => {table}", *(f"{k} => {v}" for k, v in args.items())])
         sql = f"CALL {self.spark_catalog}.system.{procedure}({arguments})"
         logger.debug("maintenance of %s: %s", self.identifier, sql)
@@ -385,14 +386,10 @@ def default_tasks() -> list[Task]:
     return [Compact(), RewritePositionDeletes(), ExpireSnapshots(), RewriteManifests(), RemoveOrphans()]
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _map(options: dict[str, str]) -> str:
-    return "map(" + ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in options.items()) + ")"
+    return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in options.items()) + ")"
 
 
 def _timestamp(at: datetime) -> str:
     """A timestamp literal with its zone, whatever the session's ``spark.sql.session.timeZone``."""
-    return f"TIMESTAMP {_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f') + 'Z')}"
+    return f"TIMESTAMP {sql_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f') + 'Z')}"
