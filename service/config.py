@@ -442,6 +442,11 @@ class ExpiryConfig(_Section):
     enabled: bool = True
     older_than: timedelta = timedelta(days=1)
     retain_last: int = Field(default=100, ge=1)
+    min_expirable: int = Field(
+        default=10,
+        ge=1,
+        description="Expire once at least this many snapshots can go (`maintain --once`: once any can).",
+    )
 
     @field_validator("older_than", mode="before")
     @classmethod

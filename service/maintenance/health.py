@@ -7,8 +7,8 @@ looking at a hundred tables every few minutes stays cheap.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyiceberg.table import Table
@@ -30,9 +30,17 @@ class TableHealth:
     commits_since_compaction: int  # snapshots added after the last compaction (all of them if none)
     last_compaction: datetime | None
     first_snapshot: datetime | None  # the oldest snapshot still in the metadata
+    # When each snapshot was made, oldest first (what expiry may remove); not reported.
+    snapshot_times: tuple[datetime, ...] = field(default=(), repr=False)
+
+    def expirable(self, older_than: timedelta, retain_last: int, now: datetime) -> int:
+        """How many snapshots are older than ``older_than`` and not among the newest ``retain_last``."""
+        candidates = self.snapshot_times[: max(0, len(self.snapshot_times) - retain_last)]
+        return sum(1 for at in candidates if now - at >= older_than)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["snapshot_times"]
         for key in ("last_compaction", "first_snapshot"):
             out[key] = out[key].isoformat() if out[key] else None
         return out
@@ -82,4 +90,5 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         commits_since_compaction=len(since),
         last_compaction=_at(last.timestamp_ms) if last else None,
         first_snapshot=_at(min(s.timestamp_ms for s in snapshots)) if snapshots else None,
+        snapshot_times=tuple(sorted(_at(s.timestamp_ms) for s in snapshots)),
     )

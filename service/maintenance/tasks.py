@@ -24,7 +24,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from py4j.protocol import Py4JJavaError
 
 from service.config import MaintenanceConfig, SinkConfig
 from service.maintenance.health import TableHealth
@@ -190,31 +192,118 @@ class RewritePositionDeletes(Task):
 
 class ExpireSnapshots(Task):
     """``expire_snapshots``: snapshots older than ``expiry.older_than`` beyond the newest
-    ``expiry.retain_last``, and the files only they referenced."""
+    ``expiry.retain_last``, and the files only they referenced.
+
+    Due once ``expiry.min_expirable`` snapshots can go, not as soon as one can: each expiry is a Spark
+    job and a commit of a few seconds, and a table committing every second has a snapshot to expire
+    at every pass, so expiring them one pass at a time would take more of the maintainer's time than
+    compaction and delay the compaction that keeps reads fast.
+    """
 
     name = "expire_snapshots"
 
     def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
         cfg = settings.expiry
-        oldest = health.first_snapshot
-        if not cfg.enabled or health.snapshots <= cfg.retain_last or oldest is None:
+        if not cfg.enabled:
             return None
-        if now - oldest < cfg.older_than:
-            return None  # none is old enough yet
-        return f"{health.snapshots} snapshots, the oldest from {oldest:%Y-%m-%d %H:%M:%S}Z"
+        expirable = health.expirable(cfg.older_than, cfg.retain_last, now)
+        if expirable == 0 or (not force and expirable < cfg.min_expirable):
+            return None
+        return (
+            f"{expirable} of {health.snapshots} snapshots older than {cfg.older_than} beyond the newest "
+            f"{cfg.retain_last}"
+        )
 
     def run(self, ctx: TaskContext) -> TaskResult:
+        """Iceberg's ``ExpireSnapshots`` through its Java API rather than the Spark procedure: for a
+        table with a linear history its clean-up reads only the expired snapshots' manifest lists and
+        manifests, where the procedure runs Spark jobs over every manifest of every snapshot (8 s
+        instead of 3 s for 50 snapshots here), and expiry runs on every busy table. Iceberg names
+        each file it would delete; they are counted, then deleted in bulk through the table's FileIO."""
+        from pyspark.java_gateway import ensure_callback_server_started
+
         cfg = ctx.settings.expiry
-        before = len(ctx.catalog.load_table(ctx.identifier).metadata.snapshots)
-        rows = ctx.call(
-            "expire_snapshots",
-            older_than=_timestamp(datetime.now(UTC) - cfg.older_than),
-            retain_last=str(cfg.retain_last),
+        spark_context = ctx.spark.sparkContext
+        jvm = spark_context._jvm
+        assert jvm is not None and spark_context._gateway is not None
+        ensure_callback_server_started(spark_context._gateway)
+        table = _java_table(ctx)
+        before = _snapshot_count(jvm, table)
+        expired = _Collect()
+        cutoff_ms = int((datetime.now(UTC) - cfg.older_than).timestamp() * 1000)
+        ctx.check_lease()
+        (
+            table.expireSnapshots()
+            .expireOlderThan(cutoff_ms)
+            .retainLast(cfg.retain_last)
+            .deleteWith(expired)
+            .commit()
         )
-        after = len(ctx.catalog.load_table(ctx.identifier).metadata.snapshots)
-        row = rows[0] if rows else {}
-        removed = sum(int(v or 0) for k, v in row.items() if k.startswith("deleted_") and "manifest" not in k)
-        return TaskResult(files_removed=removed, snapshots_expired=max(0, before - after), detail=row)
+        table.refresh()
+        after = _snapshot_count(jvm, table)
+        failed = _delete_files(jvm, table.io(), expired.paths)
+        if failed:
+            logger.warning(
+                "maintenance of %s: %d of %d expired file(s) not deleted (orphan removal takes them later)",
+                ctx.identifier,
+                failed,
+                len(expired.paths),
+            )
+        metadata = sum(1 for p in expired.paths if p.endswith(".avro"))  # manifest lists and manifests
+        detail = {
+            "deleted_files": len(expired.paths) - metadata,
+            "deleted_metadata_files": metadata,
+            "not_deleted": failed,
+        }
+        return TaskResult(
+            files_removed=detail["deleted_files"],
+            snapshots_expired=max(0, before - after),
+            detail=detail,
+        )
+
+
+class _Collect:
+    """A ``java.util.function.Consumer<String>`` served by py4j's callback server: the files Iceberg's
+    expiry would delete, collected instead of deleted one request at a time."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def accept(self, path: str) -> None:
+        self.paths.append(path)
+
+    class Java:
+        implements: ClassVar[list[str]] = ["java.util.function.Consumer"]
+
+
+def _snapshot_count(jvm: Any, table: Any) -> int:
+    count: int = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(table.snapshots())
+    return count
+
+
+def _delete_files(jvm: Any, io: Any, paths: list[str]) -> int:
+    """Delete ``paths`` through a Java FileIO, in bulk where it can (S3FileIO); returns how many failed."""
+    if not paths:
+        return 0
+    if jvm.org.apache.iceberg.io.SupportsBulkOperations._java_lang_class.isInstance(io):
+        batch = jvm.java.util.ArrayList()
+        for path in paths:
+            batch.add(path)
+        try:
+            io.deleteFiles(batch)
+        except Py4JJavaError as exc:
+            failure = exc.java_exception
+            if failure.getClass().getSimpleName() == "BulkDeletionFailureException":
+                return int(failure.numberFailedObjects())
+            return len(paths)
+        return 0
+    failed = 0
+    for path in paths:
+        try:
+            io.deleteFile(path)
+        except Exception:
+            failed += 1
+    return failed
 
 
 class RewriteManifests(Task):

@@ -93,6 +93,19 @@ def test_maintain_once_applies_every_delete_and_keeps_the_rows(
     assert len(_metadata_files(sink)) <= 4 < before.snapshots
 
     time.sleep(1.5)  # every snapshot but the newest two is now older than expiry.older_than
+    loaded = _catalog(sink).load_table(sink.table)
+    first_list = min(loaded.metadata.snapshots, key=lambda s: s.sequence_number or 0).manifest_list
+    assert loaded.io.new_input(first_list).exists()
+    # A data file of the first commit: compaction will replace it.
+    first_manifests = min(loaded.metadata.snapshots, key=lambda s: s.sequence_number or 0).manifests(
+        loaded.io
+    )
+    replaced = next(
+        e.data_file.file_path
+        for m in first_manifests
+        if m.content == 0
+        for e in m.fetch_manifest_entry(loaded.io)
+    )
     report = _maintain(sink)
 
     (table,) = report["tables"]
@@ -103,6 +116,13 @@ def test_maintain_once_applies_every_delete_and_keeps_the_rows(
     assert after.data_files < before.data_files, (before, after)
     # Every snapshot of the sink's but the newest two was older than expiry.older_than.
     assert table["tasks"]["expire_snapshots"]["snapshots_expired"] >= before.snapshots - 2, table
+    # Expiry deleted the expired snapshots' manifest lists and manifests. The data files the
+    # compaction replaced go when the compaction's own snapshot expires (Iceberg's incremental
+    # clean-up deletes what an expired snapshot removed): see the second pass below.
+    expired = table["tasks"]["expire_snapshots"]
+    assert expired["detail"]["deleted_metadata_files"] >= before.snapshots - 2, expired
+    assert expired["detail"]["not_deleted"] == 0, expired
+    assert not loaded.io.new_input(first_list).exists()
     assert after.snapshots < before.snapshots, after
     assert after.records == len(sink.source.expected_rows())
     assert table["tasks"]["compact"]["files_rewritten"] == before.data_files
@@ -115,6 +135,14 @@ def test_maintain_once_applies_every_delete_and_keeps_the_rows(
     # The sink goes on committing on top of the compacted table, exactly.
     sink.produce(200)
     sink.run_until_caught_up()
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+    # The next pass expires the compaction's snapshot, and with it the data files it replaced.
+    assert loaded.io.new_input(replaced).exists()
+    time.sleep(1.5)
+    (again,) = _maintain(sink)["tables"]
+    assert again["tasks"]["expire_snapshots"]["files_removed"] >= before.data_files, again
+    assert not loaded.io.new_input(replaced).exists()
     assert_rows(spark, sink.table, sink.source.expected_rows())
 
 

@@ -39,6 +39,28 @@ def health(**changes: Any) -> TableHealth:
     return TableHealth(**{**values, **changes})
 
 
+def snapshots(count: int, oldest: datetime, step: timedelta = timedelta(seconds=1)) -> TableHealth:
+    """A table of ``count`` snapshots, one every ``step`` from ``oldest``."""
+    times = tuple(oldest + i * step for i in range(count))
+    return health(snapshots=count, first_snapshot=oldest, snapshot_times=times)
+
+
+def test_expiry_waits_until_min_expirable_snapshots_can_go() -> None:
+    """A table committing every second has one more expirable snapshot at every pass: expiry waits for
+    ``min_expirable`` of them (each run is a Spark job and a commit); ``--once`` takes any."""
+    settings = MaintenanceConfig(expiry={"older_than": "1m", "retain_last": 30, "min_expirable": 20})  # type: ignore[arg-type]
+    start = NOW - timedelta(seconds=100)  # snapshots at -100 s .. -1 s: 41 older than a minute
+    table = snapshots(100, start)
+    assert table.expirable(timedelta(minutes=1), 30, NOW) == 41
+    assert table.expirable(timedelta(minutes=1), 90, NOW) == 10  # the newest 90 stay whatever their age
+    assert "41 of 100 snapshots" in (ExpireSnapshots().due(table, settings, False, NOW) or "")
+    few = snapshots(100, NOW - timedelta(seconds=70))  # 11 older than a minute
+    assert ExpireSnapshots().due(few, settings, False, NOW) is None
+    assert ExpireSnapshots().due(few, settings, True, NOW) is not None
+    assert ExpireSnapshots().due(snapshots(100, NOW - timedelta(seconds=59)), settings, True, NOW) is None
+    assert "snapshot_times" not in table.to_json()
+
+
 def test_defaults_suit_a_streaming_table() -> None:
     settings = parse_config(BASE, env={}).maintenance
     assert settings.interval == timedelta(minutes=5)
@@ -147,9 +169,9 @@ def test_maintain_once_compacts_whatever_holds_a_delete_or_small_files() -> None
 def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     settings = MaintenanceConfig()
     old = NOW - timedelta(days=2)
-    assert ExpireSnapshots().due(health(snapshots=100, first_snapshot=old), settings, False, NOW) is None
-    assert ExpireSnapshots().due(health(snapshots=101, first_snapshot=old), settings, False, NOW) is not None
-    assert ExpireSnapshots().due(health(snapshots=101), settings, False, NOW) is None  # none a day old yet
+    assert ExpireSnapshots().due(snapshots(100, old), settings, False, NOW) is None  # retain_last 100
+    assert ExpireSnapshots().due(snapshots(110, old), settings, False, NOW) is not None
+    assert ExpireSnapshots().due(snapshots(110, NOW - timedelta(hours=1)), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=100), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=101), settings, False, NOW) is not None
     assert RewriteManifests().due(health(manifests=3), settings, True, NOW) is not None
