@@ -518,6 +518,7 @@ class Bench:
             commits=a.soak_commits,
             every=a.soak_every,
             per_commit=a.soak_per_commit,
+            period_s=a.soak_period,
             keys=a.soak_keys,
             scan_timeout_s=a.soak_scan_timeout,
             seed=a.seed,
@@ -619,6 +620,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--soak-every", type=int, default=200, help="soak: measure both tables every N commits")
     p.add_argument(
         "--soak-per-commit", type=int, default=25, help="soak: events per commit (max_offsets_per_trigger)"
+    )
+    p.add_argument(
+        "--soak-period",
+        type=float,
+        default=1.0,
+        help="soak: seconds between the sinks' micro-batches (commit.trigger_interval), one commit each",
     )
     p.add_argument("--soak-keys", type=int, default=10_000, help="soak: keys of the soak's workload")
     p.add_argument(

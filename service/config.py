@@ -492,6 +492,12 @@ class MaintenanceConfig(_Section):
     max_manifests: int = Field(
         default=100, ge=2, description="Rewrite a table's manifests when its current snapshot has more."
     )
+    commit_retries: int = Field(
+        default=20,
+        ge=0,
+        description="commit.retry.num-retries of the tables icesink creates (Java writers' commit retries, "
+        "at most 1 s apart: the maintainer's compactions against the sink's commits).",
+    )
     metadata_versions: int = Field(
         default=20,
         ge=1,

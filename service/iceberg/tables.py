@@ -54,10 +54,18 @@ DEFAULT_TABLE_PROPERTIES = {
 
 def metadata_properties(config: SinkConfig) -> dict[str, str]:
     """A streaming table commits every few seconds and each commit writes a new metadata file: the
-    catalog deletes those beyond the newest ``maintenance.metadata_versions`` at each commit."""
+    catalog deletes those beyond the newest ``maintenance.metadata_versions`` at each commit.
+
+    Every other writer of the table (the maintainer's compactions, a user's Spark job) commits between
+    the sink's commits, and when one lands first, Iceberg's Java writers reload and try again, up to
+    ``commit.retry.num-retries`` times (4 by default, with waits growing to seconds): next to a sink
+    committing every second, a compaction lost all four often enough to redo its whole rewrite.
+    ``maintenance.commit_retries`` more tries, each soon after the last, keep it."""
     return {
         TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
         TableProperties.METADATA_PREVIOUS_VERSIONS_MAX: str(config.maintenance.metadata_versions),
+        "commit.retry.num-retries": str(config.maintenance.commit_retries),
+        "commit.retry.max-wait-ms": "1000",
     }
 
 

@@ -14,7 +14,14 @@ from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_co
 from service.iceberg.tables import metadata_properties
 from service.maintenance.health import TableHealth
 from service.maintenance.spark import catalog_conf
-from service.maintenance.tasks import Compact, ExpireSnapshots, RemoveOrphans, RewriteManifests
+from service.maintenance.tasks import (
+    Compact,
+    CompactionLost,
+    ExpireSnapshots,
+    RemoveOrphans,
+    RewriteManifests,
+    TaskContext,
+)
 from tests.unit.test_config import BASE, with_
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -70,6 +77,8 @@ def test_defaults_suit_a_streaming_table() -> None:
     assert metadata_properties(parse_config(BASE, env={})) == {
         "write.metadata.delete-after-commit.enabled": "true",
         "write.metadata.previous-versions-max": "20",
+        "commit.retry.num-retries": "20",
+        "commit.retry.max-wait-ms": "1000",
     }
 
 
@@ -180,3 +189,42 @@ def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     orphans.last_run["ns.t"] = NOW - timedelta(hours=1)
     assert orphans.due(health(), settings, False, NOW) is None  # orphans.interval is 6h
     assert orphans.due(health(), settings, True, NOW) == "maintain --once"
+
+
+class _Procedure(TaskContext):
+    """A task context whose procedure call answers ``row`` (Spark and the catalog faked away)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(parse_config(BASE, env={}), None, "rest", None, None, "ns.t")  # type: ignore[arg-type]
+        self.row = row
+
+    def call(self, procedure: str, **args: str) -> list[dict[str, Any]]:
+        return [self.row]
+
+
+@pytest.mark.parametrize(
+    ("had_deletes", "rewritten", "dangling", "lost"),
+    [
+        pytest.param(True, 0, 0, True, id="deletes_and_nothing_committed"),
+        pytest.param(True, 3, 0, False, id="deletes_applied"),
+        pytest.param(True, 0, 2, False, id="only_dangling_deletes"),
+        pytest.param(False, 0, 0, False, id="small_files_below_the_bin_packing_minimum"),
+    ],
+)
+def test_a_compaction_whose_commits_all_lost_is_a_failure(
+    monkeypatch: pytest.MonkeyPatch, had_deletes: bool, rewritten: int, dangling: int, lost: bool
+) -> None:
+    """Partial progress drops a file group whose commit lost every retry to the sink's commits, and the
+    procedure still answers, with nothing rewritten and ``failed_data_files_count`` 0: with deletes in
+    the table, that is a lost compaction (counted as a conflict), not one done."""
+    from service.maintenance import tasks
+
+    monkeypatch.setattr(tasks, "table_health", lambda _t, _i: health(delete_files=2 if had_deletes else 0))
+    monkeypatch.setattr(tasks, "_drop_dangling_deletes", lambda _ctx: dangling)
+    ctx = _Procedure({"rewritten_data_files_count": rewritten, "failed_data_files_count": 0})
+    ctx.catalog = type("Catalog", (), {"load_table": lambda self, _i: None})()
+    if lost:
+        with pytest.raises(CompactionLost, match="committed nothing"):
+            Compact().run(ctx)
+    else:
+        assert Compact().run(ctx).files_rewritten == rewritten
