@@ -267,7 +267,13 @@ class Committer:
                 table_properties=properties,
             )
             failpoint("during_catalog_commit")
-            self.known.advance(pending.table, table.metadata_location, delta.commit())
+            try:
+                committed = delta.commit()
+            except Exception as exc:
+                if _answer(exc) == CatalogAnswer.CONFLICT:
+                    _discard(table.io, delta.written_metadata_files)
+                raise
+            self.known.advance(pending.table, table.metadata_location, committed)
             return attempts
 
         def on_failure(attempt: int, exc: BaseException) -> None:
@@ -299,6 +305,19 @@ class Committer:
             raise CommitGaveUp(
                 f"commit of seq {seq} to {pending.table} failed {self.max_attempts} times; see the log"
             ) from exc
+
+
+def _discard(io: FileIO, paths: list[str]) -> None:
+    """Delete the manifest list and manifests of an attempt the catalog rejected (a conflict: the
+    snapshot is certainly not in the table). Next to a compaction every few seconds, a busy table
+    conflicts that often, and each attempt left three files behind for orphan removal. Best effort:
+    a file left over is an orphan like any other. Never after an unknown outcome, which may have
+    landed."""
+    for path in paths:
+        try:
+            io.delete(path)
+        except Exception as exc:
+            logger.debug("could not delete %s of a rejected commit attempt: %s", path, exc)
 
 
 def _answer(exc: BaseException) -> CatalogAnswer | None:

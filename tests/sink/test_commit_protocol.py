@@ -22,6 +22,7 @@ from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
+from service.orphans import list_files
 from tests.sink.expect import assert_seqs_increasing, send_txnlog_back
 from txnlog import Fenced, Phase, TransactionLog
 
@@ -182,6 +183,13 @@ def test_concurrent_writer_conflict_is_retried_without_loss(
     con = duckdb_connect()
     rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
     assert rows == [(1, "ours"), (99, "theirs")]
+    # The rejected attempt's manifest list and manifests were deleted: every Avro file under the
+    # table's metadata is one a snapshot names.
+    named = {s.manifest_list for s in final.metadata.snapshots} | {
+        m.manifest_path for s in final.metadata.snapshots for m in s.manifests(final.io)
+    }
+    listed = {f.path for f in list_files(final.io, final.metadata.location.rstrip("/") + "/metadata")}
+    assert {p for p in listed if p.endswith(".avro")} == named
 
 
 def test_empty_batch_moves_offsets_without_a_snapshot(
