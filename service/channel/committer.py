@@ -239,6 +239,7 @@ class Committer:
         properties = commit_properties(self.sink_id, seq, snapshot_id, pending.offsets)
         attempts = 0
         files_checked = not resumed
+        rejected: list[str] = []  # the metadata files of the last attempt the catalog rejected
 
         def attempt() -> int:
             nonlocal attempts, files_checked
@@ -255,6 +256,9 @@ class Committer:
                     "seq %d is already in %s as snapshot %d: found %s", seq, pending.table, snapshot_id, found
                 )
                 return attempts
+            # Not in the table as the catalog has it now: the rejected attempt's files are garbage.
+            _discard(table.io, rejected)
+            rejected.clear()
             if not files_checked:
                 check_files_exist(table, pending, self.sink_id, seq)
                 files_checked = True
@@ -271,7 +275,7 @@ class Committer:
                 committed = delta.commit()
             except Exception as exc:
                 if _answer(exc) == CatalogAnswer.CONFLICT:
-                    _discard(table.io, delta.written_metadata_files)
+                    rejected.extend(delta.written_metadata_files)
                 raise
             self.known.advance(pending.table, table.metadata_location, committed)
             return attempts
@@ -308,11 +312,12 @@ class Committer:
 
 
 def _discard(io: FileIO, paths: list[str]) -> None:
-    """Delete the manifest list and manifests of an attempt the catalog rejected (a conflict: the
-    snapshot is certainly not in the table). Next to a compaction every few seconds, a busy table
-    conflicts that often, and each attempt left three files behind for orphan removal. Best effort:
-    a file left over is an orphan like any other. Never after an unknown outcome, which may have
-    landed."""
+    """Delete the manifest list and manifests of an attempt the catalog rejected as a conflict, once
+    the next attempt has loaded the table and not found the snapshot in it: a catalog may answer a
+    conflict for a commit that landed (a retried request whose first try went through), so the
+    answer alone is not proof. Next to a compaction every few seconds a busy table conflicts that
+    often, and each attempt left three files behind for orphan removal. Best effort: a file left over
+    (the last attempt's, or after an unknown outcome) is an orphan like any other."""
     for path in paths:
         try:
             io.delete(path)

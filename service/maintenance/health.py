@@ -30,7 +30,9 @@ class TableHealth:
     commits_since_compaction: int  # snapshots added after the last compaction (all of them if none)
     last_compaction: datetime | None
     first_snapshot: datetime | None  # the oldest snapshot still in the metadata
-    # When each snapshot was made, oldest first (what expiry may remove); not reported.
+    # When each snapshot of main's history was made, oldest first: what expiry may remove (Iceberg
+    # keeps the newest retain_last of them; a snapshot a tag also names stays too, counted here as
+    # expirable: tags on a sink's table are rare). Not reported.
     snapshot_times: tuple[datetime, ...] = field(default=(), repr=False)
 
     def expirable(self, older_than: timedelta, retain_last: int, now: datetime) -> int:
@@ -90,5 +92,16 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         commits_since_compaction=len(since),
         last_compaction=_at(last.timestamp_ms) if last else None,
         first_snapshot=_at(min(s.timestamp_ms for s in snapshots)) if snapshots else None,
-        snapshot_times=tuple(sorted(_at(s.timestamp_ms) for s in snapshots)),
+        snapshot_times=tuple(sorted(_at(s.timestamp_ms) for s in _main_line(table))),
     )
+
+
+def _main_line(table: Table) -> list[Snapshot]:
+    """The current snapshot and its ancestors (snapshots of other branches are not main's to expire)."""
+    line: list[Snapshot] = []
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        line.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.metadata.snapshot_by_id(parent) if parent is not None else None
+    return line

@@ -1,8 +1,9 @@
 """The maintenance tasks: each a small class that says when it is due and runs one Iceberg procedure.
 
-Spark's Iceberg procedures do the work (design brief: do not re-implement them); the only file
-removal icesink does itself is that of data-location orphans, because only the txnlog knows which
-unreferenced files a pending plan still needs (:mod:`service.orphans`).
+Spark's Iceberg procedures and Iceberg's own Java API do the work (design brief: do not re-implement
+them). icesink deletes files itself in two places: data-location orphans, because only the txnlog
+knows which unreferenced files a pending plan still needs (:mod:`service.orphans`), and the files
+Iceberg's snapshot expiry names, which it counts before deleting them in one bulk request.
 
 Why the defaults are safe next to a running sink:
 
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from py4j.protocol import Py4JJavaError
 
 from service.config import MaintenanceConfig, SinkConfig
-from service.maintenance.health import TableHealth, table_health
+from service.maintenance.health import TableHealth
 from service.spark_session import sql_literal
 
 if TYPE_CHECKING:
@@ -145,14 +146,16 @@ class Compact(Task):
         }
         if cfg.target_file_size is not None:
             options["target-file-size-bytes"] = str(cfg.target_file_size)
-        had_deletes = table_health(ctx.catalog.load_table(ctx.identifier), ctx.identifier).delete_files > 0
+        current = ctx.catalog.load_table(ctx.identifier).current_snapshot()
+        summary = current.summary.additional_properties if current and current.summary else {}
+        had_deletes = int(summary.get("total-equality-deletes", "0")) > 0
         rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
         rewritten = int(row.get("rewritten_data_files_count") or 0)
         dropped = _drop_dangling_deletes(ctx)
         if had_deletes and not rewritten and not dropped:
-            # With delete-file-threshold 1 every data file a delete applies to is rewritten, and a
-            # delete that applies to none is dangling: if neither happened, partial progress dropped
+            # With delete-file-threshold 1 every data file an equality delete applies to is
+            # rewritten, and one that applies to none is dangling: if neither happened, partial progress dropped
             # the file groups whose commit kept losing to the sink's commits (Iceberg retries
             # commit.retry.num-retries times; the procedure's failed_data_files_count counts rewrite
             # failures, not these): the work is lost, not done.
@@ -195,10 +198,10 @@ class ExpireSnapshots(Task):
     """``expire_snapshots``: snapshots older than ``expiry.older_than`` beyond the newest
     ``expiry.retain_last``, and the files only they referenced.
 
-    Due once ``expiry.min_expirable`` snapshots can go, not as soon as one can: each expiry is a Spark
-    job and a commit of a few seconds, and a table committing every second has a snapshot to expire
-    at every pass, so expiring them one pass at a time would take more of the maintainer's time than
-    compaction and delay the compaction that keeps reads fast.
+    Due once ``expiry.min_expirable`` snapshots can go, not as soon as one can: each expiry is a
+    commit and a clean-up of about a second, and a table committing every second has a snapshot to
+    expire at every pass, so expiring them one pass at a time would take more of the maintainer's time
+    than compaction and delay the compaction that keeps reads fast.
     """
 
     name = "expire_snapshots"
@@ -229,20 +232,20 @@ class ExpireSnapshots(Task):
         assert jvm is not None and spark_context._gateway is not None
         ensure_callback_server_started(spark_context._gateway)
         table = _java_table(ctx)
-        before = _snapshot_count(jvm, table)
+        before = {int(snapshot.snapshotId()) for snapshot in table.snapshots()}
         expired = _Collect()
         cutoff_ms = int((datetime.now(UTC) - cfg.older_than).timestamp() * 1000)
         ctx.check_lease()
-        (
-            table.expireSnapshots()
-            .expireOlderThan(cutoff_ms)
-            .retainLast(cfg.retain_last)
-            .deleteWith(expired)
-            .commit()
-        )
-        table.refresh()
-        after = _snapshot_count(jvm, table)
-        failed = _delete_files(jvm, table.io(), expired.paths)
+        try:
+            (
+                table.expireSnapshots()
+                .expireOlderThan(cutoff_ms)
+                .retainLast(cfg.retain_last)
+                .deleteWith(expired)
+                .commit()
+            )
+        finally:  # whatever Iceberg named before a failure is deleted too
+            failed = _delete_files(jvm, table.io(), expired.paths)
         if failed:
             logger.warning(
                 "maintenance of %s: %d of %d expired file(s) not deleted (orphan removal takes them later)",
@@ -250,17 +253,22 @@ class ExpireSnapshots(Task):
                 failed,
                 len(expired.paths),
             )
-        metadata = sum(1 for p in expired.paths if p.endswith(".avro"))  # manifest lists and manifests
+        table.refresh()
+        # Counted by id: the sink's commits that landed meanwhile are not expiry's business.
+        gone = before - {int(snapshot.snapshotId()) for snapshot in table.snapshots()}
+        metadata = sum(1 for p in expired.paths if _is_manifest(p))
         detail = {
-            "deleted_files": len(expired.paths) - metadata,
-            "deleted_metadata_files": metadata,
+            "deleted_files": len(expired.paths) - metadata,  # data, delete and statistics files
+            "deleted_manifests_and_lists": metadata,
             "not_deleted": failed,
         }
-        return TaskResult(
-            files_removed=detail["deleted_files"],
-            snapshots_expired=max(0, before - after),
-            detail=detail,
-        )
+        return TaskResult(files_removed=detail["deleted_files"], snapshots_expired=len(gone), detail=detail)
+
+
+def _is_manifest(path: str) -> bool:
+    """A manifest list or manifest: an Avro file under the table's ``metadata/`` (data files live
+    elsewhere, whatever their format)."""
+    return path.endswith(".avro") and "/metadata/" in path
 
 
 class _Collect:
@@ -275,11 +283,6 @@ class _Collect:
 
     class Java:
         implements: ClassVar[list[str]] = ["java.util.function.Consumer"]
-
-
-def _snapshot_count(jvm: Any, table: Any) -> int:
-    count: int = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(table.snapshots())
-    return count
 
 
 def _delete_files(jvm: Any, io: Any, paths: list[str]) -> int:
@@ -480,8 +483,3 @@ def default_tasks() -> list[Task]:
 
 def _map(options: dict[str, str]) -> str:
     return "map(" + ", ".join(f"{sql_literal(k)}, {sql_literal(v)}" for k, v in options.items()) + ")"
-
-
-def _timestamp(at: datetime) -> str:
-    """A timestamp literal with its zone, whatever the session's ``spark.sql.session.timeZone``."""
-    return f"TIMESTAMP {sql_literal(at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f') + 'Z')}"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from service import spark_jars
 from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_config
@@ -191,6 +192,14 @@ def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     assert orphans.due(health(), settings, True, NOW) == "maintain --once"
 
 
+class _Current:
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+    def current_snapshot(self) -> Snapshot:
+        return self.snapshot
+
+
 class _Procedure(TaskContext):
     """A task context whose procedure call answers ``row`` (Spark and the catalog faked away)."""
 
@@ -219,10 +228,11 @@ def test_a_compaction_whose_commits_all_lost_is_a_failure(
     the table, that is a lost compaction (counted as a conflict), not one done."""
     from service.maintenance import tasks
 
-    monkeypatch.setattr(tasks, "table_health", lambda _t, _i: health(delete_files=2 if had_deletes else 0))
     monkeypatch.setattr(tasks, "_drop_dangling_deletes", lambda _ctx: dangling)
     ctx = _Procedure({"rewritten_data_files_count": rewritten, "failed_data_files_count": 0})
-    ctx.catalog = type("Catalog", (), {"load_table": lambda self, _i: None})()
+    summary = Summary(Operation.OVERWRITE, **{"total-equality-deletes": "40" if had_deletes else "0"})
+    snapshot = Snapshot(snapshot_id=1, sequence_number=1, timestamp_ms=0, manifest_list="l", summary=summary)
+    ctx.catalog = type("Catalog", (), {"load_table": lambda self, _i: _Current(snapshot)})()
     if lost:
         with pytest.raises(CompactionLost, match="committed nothing"):
             Compact().run(ctx)
