@@ -238,3 +238,21 @@ def test_a_compaction_whose_commits_all_lost_is_a_failure(
             Compact().run(ctx)
     else:
         assert Compact().run(ctx).files_rewritten == rewritten
+
+
+def test_the_charts_values_schema_accepts_every_maintenance_setting() -> None:
+    """The chart's schema refuses unknown keys: a setting added to ``maintenance:`` must be added to
+    ``config.maintenance`` in values.schema.json too, or Helm rejects the values that use it."""
+    import json
+
+    from pydantic import BaseModel
+
+    schema = json.loads((Path(__file__).parents[2] / "deploy/helm/icesink/values.schema.json").read_text())
+
+    def compare(model: type[BaseModel], node: dict[str, Any], where: str) -> None:
+        assert set(node["properties"]) == set(model.model_fields), where
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                compare(field.annotation, node["properties"][name], f"{where}.{name}")
+
+    compare(MaintenanceConfig, schema["properties"]["config"]["properties"]["maintenance"], "maintenance")
