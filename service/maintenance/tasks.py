@@ -155,10 +155,10 @@ class Compact(Task):
         dropped = _drop_dangling_deletes(ctx)
         if had_deletes and not rewritten and not dropped:
             # With delete-file-threshold 1 every data file an equality delete applies to is
-            # rewritten, and one that applies to none is dangling: if neither happened, partial progress dropped
-            # the file groups whose commit kept losing to the sink's commits (Iceberg retries
-            # commit.retry.num-retries times; the procedure's failed_data_files_count counts rewrite
-            # failures, not these): the work is lost, not done.
+            # rewritten, and one that applies to none is dangling: if neither happened, partial
+            # progress dropped the file groups whose commit kept losing to the sink's commits
+            # (Iceberg retries commit.retry.num-retries times; the procedure's
+            # failed_data_files_count counts rewrite failures, not these): the work is lost.
             raise CompactionLost(
                 f"compaction of {ctx.identifier} committed nothing: its commits failed (Iceberg's "
                 "validation or retries lost to concurrent commits); the next pass tries again"
