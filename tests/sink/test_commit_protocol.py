@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from readers import duckdb_connect
@@ -20,6 +21,7 @@ from service.channel.committer import Committer, find_commit
 from service.channel.pending import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
+from service.iceberg.tables import DEFAULT_TABLE_PROPERTIES
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
 from service.orphans import list_files
@@ -190,6 +192,48 @@ def test_concurrent_writer_conflict_is_retried_without_loss(
     }
     listed = {f.path for f in list_files(final.io, final.metadata.location.rstrip("/") + "/metadata")}
     assert {p for p in listed if p.endswith(".avro")} == named
+
+
+def test_merged_manifests_keep_each_file_s_sequence_number(
+    log: TransactionLog, rest_catalog: Catalog, unique_name: Callable[[str], str]
+) -> None:
+    """A table icesink creates merges its small manifests at every commit. An equality delete applies
+    to rows of lower data sequence numbers only, so an entry carried into a merged manifest must keep
+    the number of the commit that added it: renumbered, key 2's first row would outlive its update."""
+    namespace = unique_name("merge")
+    rest_catalog.create_namespace(namespace)
+    table = rest_catalog.create_table(
+        f"{namespace}.t",
+        schema=iceberg_schema(COLUMNS, ["id"]),
+        properties={k: v for k, v in DEFAULT_TABLE_PROPERTIES.items() if k.startswith("commit.manifest")},
+    )
+    sink_id = unique_name("sink")
+    c = committer(log, rest_catalog, sink_id, "a")
+    for offset, rows in enumerate(
+        [
+            [(1, "a", "c"), (2, "b", "c")],
+            [(1, "a2", "u")],
+            [(2, "b2", "u"), (3, "c", "c")],
+            [(1, None, "d")],
+        ],
+        start=1,
+    ):
+        c.commit(pending_for(table, rows, offset=offset))
+
+    final = rest_catalog.load_table(".".join(table.name()))
+    snapshot = final.current_snapshot()
+    assert snapshot is not None
+    manifests = snapshot.manifests(final.io)
+    assert sorted(m.content for m in manifests) == [ManifestContent.DATA, ManifestContent.DELETES]
+    sequence_of = {s.snapshot_id: s.sequence_number for s in final.metadata.snapshots}
+    for manifest in manifests:
+        entries = manifest.fetch_manifest_entry(final.io)
+        assert len(entries) == (3 if manifest.content == ManifestContent.DATA else 4)
+        for entry in entries:
+            assert entry.sequence_number == sequence_of[entry.snapshot_id], entry.data_file.file_path
+    con = duckdb_connect()
+    rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
+    assert rows == [(2, "b2"), (3, "c")]
 
 
 def test_empty_batch_moves_offsets_without_a_snapshot(
