@@ -9,9 +9,9 @@ with exactly one request guarded by ``AssertRefSnapshotId``; deciding what to do
 the caller's job (see :mod:`service.channel.committer`). Table properties given with the snapshot are
 set by the same request, so they land if and only if the snapshot does.
 
-Like Java's row delta, it merges small manifests as it commits (``commit.manifest.min-count-to-merge``,
+Like Java's row delta, it merges small data manifests as it commits (``commit.manifest.min-count-to-merge``,
 ``commit.manifest.target-size-bytes``, ``commit.manifest-merge.enabled``, Java's defaults): a sink that
-added two manifests per commit left a table that readers plan slowly between compactions (DuckDB reads
+added a manifest per commit left a table that readers plan slowly between compactions (DuckDB reads
 every manifest of the snapshot, ~0.6 ms each, more than a small data file costs it).
 """
 
@@ -64,14 +64,14 @@ CommitRequest = tuple[tuple[TableUpdate, ...], tuple[AssertRefSnapshotId]]
 
 @dataclass(frozen=True)
 class ManifestMerge:
-    """When a commit rewrites the parent's small manifests of one content and spec together with its
-    new files, as Java's ``MergingSnapshotProducer`` does (its defaults; pyiceberg's fast append has
+    """When a commit rewrites the parent's small data manifests of one spec together with its new
+    files, as Java's ``MergingSnapshotProducer`` does (its defaults; pyiceberg's fast append has
     merging off by default, Java's row delta has it on).
 
-    A manifest is small below ``target_bytes``; a commit that adds files of a content and spec merges
-    them with that content and spec's small manifests once there would be ``min_count`` or more of
-    them. Manifests a commit adds nothing to are left alone, so a commit's cost doesn't grow with
-    an old spec's manifests."""
+    A manifest is small below ``target_bytes``; a commit that adds data files of a spec merges them
+    with that spec's small data manifests once there would be ``min_count`` or more of them.
+    Manifests a commit adds nothing to are left alone, so a commit's cost doesn't grow with an old
+    spec's manifests."""
 
     enabled: bool = True
     min_count: int = 100
@@ -188,8 +188,15 @@ class RowDelta:
         return Operation.OVERWRITE if self.delete_files else Operation.APPEND
 
     def manifests(self) -> list[ManifestFile]:
-        """The new files' manifests, each merged with the parent's small ones of its content and spec
-        when :class:`ManifestMerge` says so, then the parent's other live manifests."""
+        """A manifest of the new data files, merged with the parent's small data manifests of its spec
+        when :class:`ManifestMerge` says so; one of the new delete files, never merged; then the
+        parent's other live manifests.
+
+        Delete manifests stay as they are because of a compaction's retries in Iceberg (1.11): when
+        a commit try of ``rewrite_data_files`` loses to the sink, the delete files that try found
+        obsolete become files the next try must remove, and the next try looks for them only in the
+        delete manifests it has already read; a delete manifest rewritten meanwhile hides them and the
+        compaction fails ("Missing required files to delete"). Rewritten data manifests are found."""
         existing = self._existing_manifests()
         new: list[ManifestFile] = []
         merged: set[str] = set()
@@ -204,7 +211,8 @@ class RowDelta:
                 small = [
                     m
                     for m in existing
-                    if m.content == content
+                    if content == ManifestContent.DATA
+                    and m.content == content
                     and m.partition_spec_id == spec_id
                     and m.manifest_length < self.merge.target_bytes
                 ]

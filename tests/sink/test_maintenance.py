@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from readers import duckdb_connect
 from service.config import parse_config
+from service.iceberg.tables import DEFAULT_TABLE_PROPERTIES
 from service.maintenance.health import table_health
 from service.maintenance.lease import lease_id
+from service.model.columns import iceberg_schema
 from tests.ops.ops_helpers import free_port, http_status
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
@@ -253,3 +256,70 @@ def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any
     maintainer.kill(signal.SIGTERM)
     assert maintainer.wait(60) == 0, maintainer.log()[-3000:]
     assert "stop requested" in maintainer.log()
+
+
+def test_a_compaction_that_loses_to_a_sink_commit_is_retried_on_top_of_it(
+    pg_dsn: str, rest_catalog: Any, spark: Any, unique_name: Any
+) -> None:
+    """A compaction's commit try built on the table before the sink's next commit is tried again by
+    Iceberg on top of it, and lands. The try on the old table found the sink's older delete files
+    obsolete; the retry must find them again in the sink's new snapshot, which it can't if the sink
+    rewrote the delete manifest that held them (the sink merges its data manifests only)."""
+    from tests.sink.test_commit_protocol import COLUMNS, committer, pending_for
+
+    namespace = unique_name("retry")
+    rest_catalog.create_namespace(namespace)
+    table = rest_catalog.create_table(
+        f"{namespace}.t",
+        schema=iceberg_schema(COLUMNS, ["id"]),
+        properties={k: v for k, v in DEFAULT_TABLE_PROPERTIES.items() if k.startswith("commit.")},
+    )
+    sink = committer(
+        TransactionLog(pg_dsn, schema="icesink_protocol_tests"), rest_catalog, unique_name("s"), "a"
+    )
+    for offset, rows in enumerate(
+        [[(1, "a", "c"), (2, "b", "c")], [(1, "a2", "u")], [(2, "b2", "u"), (3, "c", "c")]], 1
+    ):
+        sink.commit(pending_for(table, rows, offset=offset))
+
+    # The compaction, as rewrite_data_files commits it: the live data files replaced by one file of
+    # the table's rows, at the sequence number of the snapshot it read.
+    jvm = spark.sparkContext._jvm
+    java_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, f"rest.{namespace}.t"
+    )
+    started = java_table.currentSnapshot()
+    tasks = java_table.newScan().planFiles().iterator()
+    rewritten = []
+    while tasks.hasNext():
+        rewritten.append(tasks.next().file())
+    compacted = pending_for(table, [(1, "a2", "c"), (2, "b2", "c"), (3, "c", "c")], offset=0).data_files[0]
+    rewrite = java_table.newRewrite().validateFromSnapshot(started.snapshotId())
+    rewrite.dataSequenceNumber(started.sequenceNumber())
+    for f in rewritten:
+        rewrite.deleteFile(f)
+    rewrite.addFile(
+        jvm.org.apache.iceberg.DataFiles.builder(java_table.spec())
+        .withPath(compacted.file_path)
+        .withFormat("PARQUET")
+        .withFileSizeInBytes(compacted.file_size_in_bytes)
+        .withRecordCount(compacted.record_count)
+        .build()
+    )
+    rewrite.apply()  # the first try, on the table as the compaction read it
+
+    sink.commit(pending_for(table, [(1, "a3", "u")], offset=4))  # the sink lands first
+    sink_snapshot = rest_catalog.load_table(f"{namespace}.t").current_snapshot()
+    assert sink_snapshot.parent_snapshot_id == started.snapshotId()
+
+    rewrite.commit()  # Iceberg tries again, on top of the sink's snapshot
+
+    final = rest_catalog.load_table(f"{namespace}.t")
+    current = final.current_snapshot()
+    assert current.summary.operation.value == "replace"
+    assert current.parent_snapshot_id == sink_snapshot.snapshot_id  # the retry happened
+    assert int(current.summary["total-data-files"]) == 2  # the compacted file and the sink's last
+    assert int(current.summary["total-delete-files"]) < 4  # the obsolete deletes went
+    con = duckdb_connect()
+    rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
+    assert rows == [(1, "a3"), (2, "b2"), (3, "c")]
