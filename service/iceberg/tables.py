@@ -49,15 +49,6 @@ DEFAULT_TABLE_PROPERTIES = {
     "write.update.mode": "merge-on-read",
     "write.merge.mode": "merge-on-read",
     "write.parquet.compression-codec": "zstd",
-    # Every commit merges the table's small manifests: the sink's its data manifests (see
-    # service.iceberg.row_delta for why not its delete manifests), the maintainer's Java commits
-    # both kinds. A reader opens every manifest of a snapshot, and a sink adding a data manifest per
-    # commit, or a compaction leaving one delete manifest per delete file it removed, made DuckDB's
-    # plan of a two-file table cost more than its scan. Small means under 512 KiB (~1,600 files): a
-    # table without maintenance rewrites at most that much a commit (~0.15 s in pyiceberg) instead
-    # of 8 MiB (Java's default).
-    TableProperties.MANIFEST_MIN_MERGE_COUNT: "2",
-    TableProperties.MANIFEST_TARGET_SIZE_BYTES: str(512 * 1024),
 }
 
 

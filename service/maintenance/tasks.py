@@ -311,7 +311,8 @@ def _delete_files(jvm: Any, io: Any, paths: list[str]) -> int:
 
 
 class RewriteManifests(Task):
-    """``rewrite_manifests``: the sink adds two manifests per commit; every commit reads the list."""
+    """``rewrite_manifests``: the sink adds a delete manifest per commit (and a data manifest, on a
+    table that does not merge them); every commit try reads them all."""
 
     name = "rewrite_manifests"
 

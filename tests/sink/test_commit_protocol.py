@@ -21,7 +21,6 @@ from service.channel.committer import Committer, find_commit
 from service.channel.pending import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
-from service.iceberg.tables import DEFAULT_TABLE_PROPERTIES
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
 from service.orphans import list_files
@@ -197,7 +196,7 @@ def test_concurrent_writer_conflict_is_retried_without_loss(
 def test_merged_manifests_keep_each_file_s_sequence_number(
     log: TransactionLog, rest_catalog: Catalog, unique_name: Callable[[str], str]
 ) -> None:
-    """A table icesink creates merges its small data manifests at every commit. An equality delete applies
+    """The sink merges a table's small data manifests at every commit. An equality delete applies
     to rows of lower data sequence numbers only, so an entry carried into a merged manifest must keep
     the number of the commit that added it: renumbered, key 2's first row would outlive its update."""
     namespace = unique_name("merge")
@@ -205,7 +204,7 @@ def test_merged_manifests_keep_each_file_s_sequence_number(
     table = rest_catalog.create_table(
         f"{namespace}.t",
         schema=iceberg_schema(COLUMNS, ["id"]),
-        properties={k: v for k, v in DEFAULT_TABLE_PROPERTIES.items() if k.startswith("commit.manifest")},
+        properties={"format-version": "2"},
     )
     sink_id = unique_name("sink")
     c = committer(log, rest_catalog, sink_id, "a")

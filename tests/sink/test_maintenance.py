@@ -20,7 +20,6 @@ from pyiceberg.catalog import load_catalog
 
 from readers import duckdb_connect
 from service.config import parse_config
-from service.iceberg.tables import DEFAULT_TABLE_PROPERTIES
 from service.maintenance.health import table_health
 from service.maintenance.lease import lease_id
 from service.model.columns import iceberg_schema
@@ -272,7 +271,7 @@ def test_a_compaction_that_loses_to_a_sink_commit_is_retried_on_top_of_it(
     table = rest_catalog.create_table(
         f"{namespace}.t",
         schema=iceberg_schema(COLUMNS, ["id"]),
-        properties={k: v for k, v in DEFAULT_TABLE_PROPERTIES.items() if k.startswith("commit.")},
+        properties={"format-version": "2"},
     )
     sink = committer(
         TransactionLog(pg_dsn, schema="icesink_protocol_tests"), rest_catalog, unique_name("s"), "a"
