@@ -82,13 +82,18 @@ class ManifestMerge:
 
     @classmethod
     def of(cls, properties: Mapping[str, str]) -> ManifestMerge:
+        def number(name: str, default: int) -> int:
+            text = properties.get(name, str(default))
+            try:
+                return int(text)
+            except ValueError:
+                raise ValueError(f"table property {name} must be a whole number, not {text!r}") from None
+
         enabled = properties.get(TableProperties.MANIFEST_MERGE_ENABLED, "true").strip().lower() == "true"
         return cls(
             enabled=enabled,
-            min_count=int(properties.get(TableProperties.MANIFEST_MIN_MERGE_COUNT, str(cls.min_count))),
-            target_bytes=int(
-                properties.get(TableProperties.MANIFEST_TARGET_SIZE_BYTES, str(cls.target_bytes))
-            ),
+            min_count=number(TableProperties.MANIFEST_MIN_MERGE_COUNT, cls.min_count),
+            target_bytes=number(TableProperties.MANIFEST_TARGET_SIZE_BYTES, cls.target_bytes),
         )
 
     def merges(self, small: list[ManifestFile]) -> bool:
