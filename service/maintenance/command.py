@@ -34,6 +34,16 @@ def maintain(config: SinkConfig, once: bool) -> int:
     from txnlog import Fenced
 
     failpoints.configure()
+    # Installed first: a SIGTERM while the Spark session starts (tens of seconds on a busy node) ends
+    # the process cleanly once it has started, instead of killing it mid-start-up.
+    stop = threading.Event()
+
+    def request_stop(*_: object) -> None:
+        logger.info("stop requested: finishing the task in flight, then exiting")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
     try:
         spark_catalog = catalog_conf(config)
     except ConfigError as exc:
@@ -46,14 +56,6 @@ def maintain(config: SinkConfig, once: bool) -> int:
         return EXIT_CONFIG
     metrics = setup_metrics(config.metrics, config.sink_id, "")
     log = open_txnlog(config, "maintain", lock_timeout=LEASE_WAIT)
-    stop = threading.Event()
-
-    def request_stop(*_: object) -> None:
-        logger.info("stop requested: finishing the task in flight, then exiting")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     health = Health()
     try:
         maintainer = Maintainer(

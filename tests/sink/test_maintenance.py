@@ -257,6 +257,20 @@ def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any
     assert "stop requested" in maintainer.log()
 
 
+def test_a_maintainer_stopped_while_its_spark_session_starts_exits_cleanly(make_sink: Any) -> None:
+    """SIGTERM (a rollout, a scale-down) can come while the JVM is still starting: the maintainer
+    finishes starting, does no pass, and exits 0, instead of dying of the signal."""
+    sink: Sink = make_sink(partitions=1)
+    maintainer = sink.start_cli("maintain")
+    # The JVM's first line: the Spark session is starting, no pass can have begun.
+    maintainer.wait_for_log("Using Spark's default log4j profile", timeout=120)
+    maintainer.kill(signal.SIGTERM)
+    assert maintainer.wait(180) == 0, maintainer.log()[-3000:]
+    log = maintainer.log()
+    assert "stop requested" in log
+    assert "maintenance pass over" not in log  # the signal came before the first pass
+
+
 def test_a_compaction_that_loses_to_a_sink_commit_is_retried_on_top_of_it(
     pg_dsn: str, rest_catalog: Any, spark: Any, unique_name: Any
 ) -> None:
