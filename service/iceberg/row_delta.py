@@ -71,8 +71,9 @@ class ManifestMerge:
     merges at 100 up to 8 MiB. Every commit writes the merged manifest anew and keeps the old ones
     for as long as its snapshots live, so the bound is what a commit costs in time and in the object
     store on a table no compaction keeps small; on a compacted table the merged manifest stays at a
-    few files. Java's own commits (the maintainer's) keep Java's defaults: merging every manifest at
-    every commit try made a compaction's tries slower than the sink's commits."""
+    few files. Java's own commits (the maintainer's) keep Java's defaults: with these set on the
+    table for them too, a soak's compactions lost long series of commit tries to the sink
+    (docs/performance.md, "Manifests")."""
 
     enabled: bool = True
     min_count: int = 2
