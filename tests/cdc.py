@@ -118,7 +118,12 @@ class Connector:
                     return None
                 total = 0
                 for partition in meta.partitions:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+                    try:
+                        low, high = consumer.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=5
+                        )
+                    except KafkaException:  # a topic Debezium just created may not have its leader yet
+                        return None
                     total += high - low
                 return total if total >= count else None
 
