@@ -35,13 +35,17 @@ def log(pg_dsn: str) -> TransactionLog:
     return TransactionLog(pg_dsn, schema="icesink_protocol_tests")
 
 
-@pytest.fixture
-def table(rest_catalog: Catalog, unique_name: Callable[[str], str]) -> Table:
-    namespace = unique_name("proto")
+def new_table(rest_catalog: Catalog, namespace: str) -> Table:
+    """``<namespace>.t`` (id, v), keyed by id, in a namespace of its own."""
     rest_catalog.create_namespace(namespace)
     return rest_catalog.create_table(
         f"{namespace}.t", schema=iceberg_schema(COLUMNS, ["id"]), properties={"format-version": "2"}
     )
+
+
+@pytest.fixture
+def table(rest_catalog: Catalog, unique_name: Callable[[str], str]) -> Table:
+    return new_table(rest_catalog, unique_name("proto"))
 
 
 def pending_for(table: Table, rows: list[tuple[int, str | None, str]], offset: int) -> PendingCommit:
@@ -199,13 +203,7 @@ def test_merged_manifests_keep_each_file_s_sequence_number(
     """The sink merges a table's small data manifests at every commit. An equality delete applies
     to rows of lower data sequence numbers only, so an entry carried into a merged manifest must keep
     the number of the commit that added it: renumbered, key 2's first row would outlive its update."""
-    namespace = unique_name("merge")
-    rest_catalog.create_namespace(namespace)
-    table = rest_catalog.create_table(
-        f"{namespace}.t",
-        schema=iceberg_schema(COLUMNS, ["id"]),
-        properties={"format-version": "2"},
-    )
+    table = new_table(rest_catalog, unique_name("merge"))
     sink_id = unique_name("sink")
     c = committer(log, rest_catalog, sink_id, "a")
     for offset, rows in enumerate(

@@ -22,7 +22,6 @@ from readers import duckdb_connect
 from service.config import parse_config
 from service.maintenance.health import table_health
 from service.maintenance.lease import lease_id
-from service.model.columns import iceberg_schema
 from tests.ops.ops_helpers import free_port, http_status
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
@@ -278,15 +277,10 @@ def test_a_compaction_that_loses_to_a_sink_commit_is_retried_on_top_of_it(
     Iceberg on top of it, and lands. The try on the old table found the sink's older delete files
     obsolete; the retry must find them again in the sink's new snapshot, which it can't if the sink
     rewrote the delete manifest that held them (the sink merges its data manifests only)."""
-    from tests.sink.test_commit_protocol import COLUMNS, committer, pending_for
+    from tests.sink.test_commit_protocol import committer, new_table, pending_for
 
     namespace = unique_name("retry")
-    rest_catalog.create_namespace(namespace)
-    table = rest_catalog.create_table(
-        f"{namespace}.t",
-        schema=iceberg_schema(COLUMNS, ["id"]),
-        properties={"format-version": "2"},
-    )
+    table = new_table(rest_catalog, namespace)
     sink = committer(
         TransactionLog(pg_dsn, schema="icesink_protocol_tests"), rest_catalog, unique_name("s"), "a"
     )
