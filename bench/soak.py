@@ -114,10 +114,10 @@ def scan_side_by_side(
     """``readside.QUERY`` over each ``label → (table, snapshot_id or None for now, engines)``, in
     rounds: every table once, then again those whose first scan took under ``quick_s``, three times
     at least and more until a table's scans by one engine took ``budget_s`` in all (a 10 ms DuckDB
-    scan gets 15 rounds, a 2 s Spark scan 3); the median of each table's scans. Rounds rather than each table's scans back to
-    back, so the machine's load of the moment (a maintainer's compaction, the other sink) falls on
-    every table alike; many rounds, because one compaction's second on this 2-core machine can
-    double a 10 ms scan.
+    scan gets 15 rounds, a 2 s Spark scan 3); the median of each table's scans. Rounds rather than
+    each table's scans back to back, so the machine's load of the moment (a maintainer's compaction,
+    the other sink) falls on every table alike; many rounds, because one compaction's second on this
+    2-core machine can double a 10 ms scan.
 
     Per label and engine: seconds (None: timed out, or not run) and the rows the engine saw."""
     from readers import duckdb_connect
