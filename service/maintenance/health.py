@@ -30,6 +30,9 @@ class TableHealth:
     commits_since_compaction: int  # snapshots added after the last compaction (all of them if none)
     last_compaction: datetime | None
     first_snapshot: datetime | None  # the oldest snapshot still in the metadata
+    # When the table began, if its metadata still tells: its first snapshot while expiry has not taken
+    # it, else (no snapshot yet) its oldest metadata version kept; None once expiry removed the start.
+    born: datetime | None
     # When each snapshot of main's history was made, oldest first: what expiry may remove (Iceberg
     # keeps the newest retain_last of them; a snapshot a tag also names stays too, counted here as
     # expirable: tags on a sink's table are rare). Not reported.
@@ -43,7 +46,7 @@ class TableHealth:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         del out["snapshot_times"]
-        for key in ("last_compaction", "first_snapshot"):
+        for key in ("last_compaction", "first_snapshot", "born"):
             out[key] = out[key].isoformat() if out[key] else None
         return out
 
@@ -92,8 +95,17 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         commits_since_compaction=len(since),
         last_compaction=_at(last.timestamp_ms) if last else None,
         first_snapshot=_at(min(s.timestamp_ms for s in snapshots)) if snapshots else None,
+        born=_born(table, snapshots),
         snapshot_times=tuple(sorted(_at(s.timestamp_ms) for s in _main_line(table))),
     )
+
+
+def _born(table: Table, snapshots: list[Snapshot]) -> datetime | None:
+    roots = [s.timestamp_ms for s in snapshots if s.parent_snapshot_id is None]
+    if snapshots:
+        return _at(min(roots)) if roots else None
+    logged = [entry.timestamp_ms for entry in table.metadata.metadata_log]
+    return _at(min([*logged, table.metadata.last_updated_ms]))
 
 
 def _main_line(table: Table) -> list[Snapshot]:

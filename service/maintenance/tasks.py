@@ -345,6 +345,10 @@ class RemoveOrphans(Task):
         cfg = settings.orphans
         if not cfg.enabled:
             return None
+        if not force and health.born is not None and now - health.born < cfg.older_than:
+            # Nothing under a table younger than the safety age can be removed yet: a new table's
+            # listing would only hold its first compaction back (a cold start) for nothing.
+            return None
         last = self.last_run.get(health.table)
         if force or last is None or now - last >= cfg.interval:
             return "maintain --once" if force else f"orphans.interval ({cfg.interval}) since the last look"

@@ -43,6 +43,7 @@ def health(**changes: Any) -> TableHealth:
         "commits_since_compaction": 10,
         "last_compaction": None,
         "first_snapshot": NOW - timedelta(minutes=5),
+        "born": None,  # its start expired: older than anything kept
     }
     return TableHealth(**{**values, **changes})
 
@@ -190,6 +191,15 @@ def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     orphans.last_run["ns.t"] = NOW - timedelta(hours=1)
     assert orphans.due(health(), settings, False, NOW) is None  # orphans.interval is 6h
     assert orphans.due(health(), settings, True, NOW) == "maintain --once"
+
+
+def test_orphans_of_a_table_younger_than_the_safety_age_are_not_looked_for() -> None:
+    """Nothing under a table born less than ``orphans.older_than`` (1 day) ago can be removed: its first
+    listing waits, so a new table's maintainer goes to compaction; ``--once`` still looks."""
+    settings, orphans = MaintenanceConfig(), RemoveOrphans()
+    assert orphans.due(health(born=NOW - timedelta(hours=23)), settings, False, NOW) is None
+    assert orphans.due(health(born=NOW - timedelta(hours=25)), settings, False, NOW) is not None
+    assert orphans.due(health(born=NOW - timedelta(hours=23)), settings, True, NOW) == "maintain --once"
 
 
 class _Current:
