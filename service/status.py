@@ -31,14 +31,23 @@ def _routes(config: SinkConfig, committed: BatchPlan | None) -> dict[str, str]:
     return dict(committed.routes) if committed else {}
 
 
-def _lag(config: SinkConfig, committed: Offsets) -> tuple[dict[str, int], str | None]:
-    from service.kafka.source import end_offsets
+def _lag(config: SinkConfig, committed: Offsets, topics: set[str]) -> tuple[dict[str, int], str | None]:
+    """Records behind per topic: from its committed offsets, or, for a routed topic the sink never
+    committed (a table whose changes are held, say), every record Kafka still holds."""
+    from service.kafka.source import earliest_offsets, end_offsets, partitions
 
     try:
-        ends = end_offsets(config.kafka, {t: sorted(ps) for t, ps in committed.items()}, timeout_s=5.0)
+        parts = {t: sorted(ps) for t, ps in committed.items()}
+        since = dict(committed)
+        if never := topics - set(committed):
+            known = partitions(config.kafka, timeout_s=5.0)
+            first = {t: known.get(t, []) for t in sorted(never)}
+            since |= earliest_offsets(config.kafka, first, timeout_s=5.0)
+            parts |= first
+        ends = end_offsets(config.kafka, parts, timeout_s=5.0)
     except Exception as exc:  # Kafka down: the rest of the status still answers
         return {}, f"{type(exc).__name__}: {exc}"
-    return {t: sum(max(0, e - committed[t].get(p, 0)) for p, e in ps.items()) for t, ps in ends.items()}, None
+    return {t: sum(max(0, e - since.get(t, {}).get(p, 0)) for p, e in ps.items()) for t, ps in ends.items()}, None
 
 
 def _from_tables(
@@ -107,7 +116,7 @@ def status(config: SinkConfig) -> dict[str, Any]:
     }
     routes = _routes(config, committed)
     offsets = committed.offsets if committed else {}
-    lag, lag_error = _lag(config, offsets) if offsets else ({}, None)
+    lag, lag_error = _lag(config, offsets, set(routes)) if offsets or routes else ({}, None)
     marks, health, catalog_error = _from_tables(config, sorted(set(routes.values())))
     out["tables"] = [
         {
