@@ -22,6 +22,7 @@ Why the defaults are safe next to a running sink:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -311,8 +312,8 @@ def _delete_files(jvm: Any, io: Any, paths: list[str]) -> int:
 
 
 class RewriteManifests(Task):
-    """``rewrite_manifests``: the sink adds a delete manifest per commit (and a data manifest, on a
-    table that does not merge them); every commit try reads them all."""
+    """Manifests rewritten into few: the sink adds a delete manifest per commit (and a data manifest,
+    on a table that does not merge them); every commit try and every scan reads them all."""
 
     name = "rewrite_manifests"
 
@@ -322,13 +323,60 @@ class RewriteManifests(Task):
         return None
 
     def run(self, ctx: TaskContext) -> TaskResult:
-        rows = ctx.call("rewrite_manifests")
-        row = rows[0] if rows else {}
-        return TaskResult(
-            files_rewritten=int(row.get("rewritten_manifests_count") or 0),
-            files_added=int(row.get("added_manifests_count") or 0),
-            detail=row,
+        """Iceberg's Spark action (what the ``rewrite_manifests`` procedure runs), spec by spec, and
+        on a table whose data manifests the sink merges at each commit
+        (:class:`service.iceberg.row_delta.ManifestMerge`) its delete manifests only: a rewrite that
+        replaced a data manifest loses its commit try to the sink's next commit, which merged that
+        manifest into a new one, and its retry then fails ("Deleted manifest ... could not be found")."""
+        from pyiceberg.manifest import ManifestContent
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        from service.iceberg.row_delta import ManifestMerge
+
+        table = ctx.catalog.load_table(ctx.identifier)
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return TaskResult()
+        only_deletes = ManifestMerge.of(table.properties).enabled
+        per_spec = Counter(
+            m.partition_spec_id
+            for m in snapshot.manifests(table.io)
+            if not only_deletes or m.content == ManifestContent.DELETES
         )
+        spark_context = ctx.spark.sparkContext
+        jvm = spark_context._jvm
+        assert jvm is not None and spark_context._gateway is not None
+        if only_deletes:
+            ensure_callback_server_started(spark_context._gateway)
+        java_table = _java_table(ctx)
+        actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(ctx.spark._jsparkSession)
+        size = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size
+        rewritten = added = 0
+        for spec_id in sorted(spec for spec, count in per_spec.items() if count > 1):
+            action = actions.rewriteManifests(java_table).specId(spec_id)
+            if only_deletes:
+                action = action.rewriteIf(_DeleteManifest())
+            ctx.check_lease()
+            result = action.execute()
+            rewritten += int(size(result.rewrittenManifests()))
+            added += int(size(result.addedManifests()))
+        detail = {
+            "rewritten_manifests_count": rewritten,
+            "added_manifests_count": added,
+            "delete_manifests_only": only_deletes,
+        }
+        return TaskResult(files_rewritten=rewritten, files_added=added, detail=detail)
+
+
+class _DeleteManifest:
+    """A ``java.util.function.Predicate<ManifestFile>`` served by py4j's callback server: whether a
+    manifest lists delete files."""
+
+    def test(self, manifest: Any) -> bool:
+        return str(manifest.content().name()) == "DELETES"
+
+    class Java:
+        implements: ClassVar[list[str]] = ["java.util.function.Predicate"]
 
 
 class RemoveOrphans(Task):

@@ -330,3 +330,45 @@ def test_a_compaction_that_loses_to_a_sink_commit_is_retried_on_top_of_it(
     con = duckdb_connect()
     rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
     assert rows == [(1, "a3"), (2, "b2"), (3, "c")]
+
+
+def _manifests(sink: Sink) -> tuple[set[str], set[str]]:
+    """The current snapshot's data and delete manifests."""
+    table = _catalog(sink).load_table(sink.table)
+    manifests = table.current_snapshot().manifests(table.io)
+    return {m.manifest_path for m in manifests if m.content == 0}, {
+        m.manifest_path for m in manifests if m.content == 1
+    }
+
+
+def test_a_manifest_rewrite_leaves_the_data_manifests_the_sink_merges(make_sink: Any, spark: Any) -> None:
+    """The sink merges a table's data manifests at each commit. A manifest rewrite that replaced them
+    would lose its commit try to the sink's next commit, which merged them into a new one, and its
+    retry would fail, the manifests it deletes gone; the maintainer rewrites the delete manifests,
+    one per sink commit, and leaves the data manifests to the sink."""
+    off = {"enabled": False}
+    sink = _many_small_commits(make_sink, rounds=3, compaction=off, expiry=off)
+    target = "commit.manifest.target-size-bytes"
+    with _catalog(sink).load_table(sink.table).transaction() as tx:
+        tx.set_properties({target: "1"})  # every data manifest too big to merge: they add up
+    sink.produce(80)
+    sink.run_until_caught_up()
+    with _catalog(sink).load_table(sink.table).transaction() as tx:
+        tx.remove_properties(target)  # the sink merges them again from its next commit
+    data, deletes = _manifests(sink)
+    assert len(data) >= 3 and len(deletes) >= 5, (data, deletes)
+
+    (table,) = _maintain(sink)["tables"]
+
+    assert table["failed"] == {}, table
+    assert table["tasks"]["rewrite_manifests"]["detail"]["delete_manifests_only"] is True, table
+    assert _manifests(sink) == (data, _manifests(sink)[1])  # the data manifests untouched
+    assert len(_manifests(sink)[1]) == 1  # the delete manifests rewritten into one
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+    # The state a rewrite of data manifests would have raced: the sink's next commit merges them.
+    sink.produce(40)
+    sink.run_until_caught_up()
+    merged, _ = _manifests(sink)
+    assert len(merged) == 1 and not merged & data, merged
+    assert_rows(spark, sink.table, sink.source.expected_rows())
