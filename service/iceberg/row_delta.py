@@ -110,6 +110,14 @@ class ManifestMerge:
             total += m.manifest_length
         return picked if len(picked) + 1 >= max(self.min_count, 2) else []
 
+    def rewritable(self, deletes: bool, length: int, live: bool) -> bool:
+        """Whether another writer's rewrite of a manifest (``icesink maintain``'s) can't race this
+        merge: the sink's next commit may merge a data manifest within ``target_bytes`` into a new
+        one, and a rewrite that deleted it would fail its retry. Delete manifests and larger data
+        manifests the sink never rewrites; a manifest of removed entries only (``live`` false) it
+        drops at its next commit, so it is left to that."""
+        return live and (not self.enabled or deletes or length > self.target_bytes)
+
 
 class DeleteManifestWriter(ManifestWriterV2):
     """A v2 manifest whose entries are delete files (manifest content ``deletes``).

@@ -11,8 +11,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
+
+from service.iceberg.row_delta import ManifestMerge
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class TableHealth:
     records: int
     data_bytes: int  # every live file, data and delete
     manifests: int  # of the current snapshot
+    manifests_to_rewrite: int  # of those, the ones `icesink maintain` may rewrite (ManifestMerge.rewritable)
     metadata_bytes: int  # the current metadata file
     commits_since_compaction: int  # snapshots added after the last compaction (all of them if none)
     last_compaction: datetime | None
@@ -78,6 +82,8 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         dict(current.summary.additional_properties) if current and current.summary else {}
     )
     snapshots = sorted(metadata.snapshots, key=lambda s: s.sequence_number or 0)
+    manifests = current.manifests(table.io) if current else []
+    merge = ManifestMerge.of(table.properties)
     rewrites = [s for s in snapshots if _compaction(s)]
     last = rewrites[-1] if rewrites else None
     since = [s for s in snapshots if last is None or (s.sequence_number or 0) > (last.sequence_number or 0)]
@@ -90,7 +96,15 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         position_deletes=_total(summary, "total-position-deletes"),
         records=_total(summary, "total-records"),
         data_bytes=_total(summary, "total-files-size"),
-        manifests=len(current.manifests(table.io)) if current else 0,
+        manifests=len(manifests),
+        manifests_to_rewrite=sum(
+            merge.rewritable(
+                m.content == ManifestContent.DELETES,
+                m.manifest_length,
+                m.has_added_files() or m.has_existing_files(),
+            )
+            for m in manifests
+        ),
         metadata_bytes=len(table.io.new_input(table.metadata_location)),
         commits_since_compaction=len(since),
         last_compaction=_at(last.timestamp_ms) if last else None,

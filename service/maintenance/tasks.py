@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from py4j.protocol import Py4JJavaError
 
 from service.config import MaintenanceConfig, SinkConfig
+from service.iceberg.row_delta import ManifestMerge
 from service.maintenance.health import TableHealth
 from service.spark_session import sql_literal
 
@@ -318,44 +319,49 @@ class RewriteManifests(Task):
     name = "rewrite_manifests"
 
     def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
+        if health.manifests_to_rewrite < 2:
+            return None
         if health.manifests > settings.max_manifests or (force and health.manifests > 2):
-            return f"{health.manifests} manifests (max_manifests: {settings.max_manifests})"
+            return (
+                f"{health.manifests} manifests, {health.manifests_to_rewrite} to rewrite "
+                f"(max_manifests: {settings.max_manifests})"
+            )
         return None
 
     def run(self, ctx: TaskContext) -> TaskResult:
-        """Iceberg's Spark action (what the ``rewrite_manifests`` procedure runs), spec by spec, and
-        on a table whose data manifests the sink merges at each commit
-        (:class:`service.iceberg.row_delta.ManifestMerge`) its delete manifests only: a rewrite that
-        replaced a data manifest loses its commit try to the sink's next commit, which merged that
-        manifest into a new one, and its retry then fails ("Deleted manifest ... could not be found")."""
+        """Iceberg's Spark action (what the ``rewrite_manifests`` procedure runs), spec by spec, on
+        the manifests the sink's own merge of data manifests can't race
+        (:meth:`service.iceberg.row_delta.ManifestMerge.rewritable`: on a table whose data manifests
+        the sink merges, its delete manifests and data manifests too big to merge): a rewrite that
+        replaced a data manifest the sink's next commit merged into a new one would fail its retry
+        ("Deleted manifest ... could not be found")."""
         from pyiceberg.manifest import ManifestContent
         from pyspark.java_gateway import ensure_callback_server_started
-
-        from service.iceberg.row_delta import ManifestMerge
 
         table = ctx.catalog.load_table(ctx.identifier)
         snapshot = table.current_snapshot()
         if snapshot is None:
             return TaskResult()
-        only_deletes = ManifestMerge.of(table.properties).enabled
+        merge = ManifestMerge.of(table.properties)
         per_spec = Counter(
             m.partition_spec_id
             for m in snapshot.manifests(table.io)
-            if not only_deletes or m.content == ManifestContent.DELETES
+            if merge.rewritable(
+                m.content == ManifestContent.DELETES,
+                m.manifest_length,
+                m.has_added_files() or m.has_existing_files(),
+            )
         )
         spark_context = ctx.spark.sparkContext
         jvm = spark_context._jvm
         assert jvm is not None and spark_context._gateway is not None
-        if only_deletes:
-            ensure_callback_server_started(spark_context._gateway)
+        ensure_callback_server_started(spark_context._gateway)
         java_table = _java_table(ctx)
         actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(ctx.spark._jsparkSession)
         size = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size
         rewritten = added = 0
         for spec_id in sorted(spec for spec, count in per_spec.items() if count > 1):
-            action = actions.rewriteManifests(java_table).specId(spec_id)
-            if only_deletes:
-                action = action.rewriteIf(_DeleteManifest())
+            action = actions.rewriteManifests(java_table).specId(spec_id).rewriteIf(_Rewritable(merge))
             ctx.check_lease()
             result = action.execute()
             rewritten += int(size(result.rewrittenManifests()))
@@ -363,17 +369,24 @@ class RewriteManifests(Task):
         detail = {
             "rewritten_manifests_count": rewritten,
             "added_manifests_count": added,
-            "delete_manifests_only": only_deletes,
+            "data_manifests_merged_by_the_sink": merge.enabled,
         }
         return TaskResult(files_rewritten=rewritten, files_added=added, detail=detail)
 
 
-class _DeleteManifest:
-    """A ``java.util.function.Predicate<ManifestFile>`` served by py4j's callback server: whether a
-    manifest lists delete files."""
+class _Rewritable:
+    """A ``java.util.function.Predicate<ManifestFile>`` served by py4j's callback server (Iceberg asks
+    it on the driver): :meth:`ManifestMerge.rewritable` for a Java manifest."""
+
+    def __init__(self, merge: ManifestMerge) -> None:
+        self.merge = merge
 
     def test(self, manifest: Any) -> bool:
-        return str(manifest.content().name()) == "DELETES"
+        return self.merge.rewritable(
+            str(manifest.content().name()) == "DELETES",
+            int(manifest.length()),
+            bool(manifest.hasAddedFiles() or manifest.hasExistingFiles()),
+        )
 
     class Java:
         implements: ClassVar[list[str]] = ["java.util.function.Predicate"]
@@ -394,8 +407,9 @@ class RemoveOrphans(Task):
         if not cfg.enabled:
             return None
         if not force and health.born is not None and now - health.born < cfg.older_than:
-            # Nothing under a table younger than the safety age can be removed yet: a new table's
-            # listing would only hold its first compaction back (a cold start) for nothing.
+            # The table's first snapshot is younger than the safety age: what its listing could
+            # remove is only what a killed first batch left before it, which can wait for the table
+            # to age, while the listing would hold a new table's first compaction back.
             return None
         last = self.last_run.get(health.table)
         if force or last is None or now - last >= cfg.interval:

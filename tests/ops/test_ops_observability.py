@@ -70,7 +70,7 @@ def exercise(m: SinkMetrics) -> None:
     )
     m.maintenance_task("ns.t", "compact", 1.5, result)
     m.maintenance_failed("ns.t", "expire_snapshots", "conflict")
-    m.set_health(TableHealth("ns.t", 5, 2, 1, 10, 0, 100, 2000, 3, 4000, 1, None, None, None))
+    m.set_health(TableHealth("ns.t", 5, 2, 1, 10, 0, 100, 2000, 3, 3, 4000, 1, None, None, None))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 
 from service import spark_jars
 from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_config
+from service.iceberg.row_delta import ManifestMerge
 from service.iceberg.tables import metadata_properties
 from service.maintenance.health import TableHealth
 from service.maintenance.spark import catalog_conf
@@ -39,6 +40,7 @@ def health(**changes: Any) -> TableHealth:
         "records": 100,
         "data_bytes": 10_000,
         "manifests": 20,
+        "manifests_to_rewrite": 20,
         "metadata_bytes": 5_000,
         "commits_since_compaction": 10,
         "last_compaction": None,
@@ -185,6 +187,8 @@ def test_expiry_manifests_and_orphans_are_due_on_their_own_terms() -> None:
     assert ExpireSnapshots().due(snapshots(110, NOW - timedelta(hours=1)), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=100), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=101), settings, False, NOW) is not None
+    # Over max_manifests, but only data manifests the sink merges itself: nothing for the maintainer.
+    assert RewriteManifests().due(health(manifests=101, manifests_to_rewrite=1), settings, False, NOW) is None
     assert RewriteManifests().due(health(manifests=3), settings, True, NOW) is not None
     orphans = RemoveOrphans()
     assert orphans.due(health(), settings, False, NOW) is not None  # never looked: due
@@ -266,3 +270,17 @@ def test_the_charts_values_schema_accepts_every_maintenance_setting() -> None:
                 compare(field.annotation, node["properties"][name], f"{where}.{name}")
 
     compare(MaintenanceConfig, schema["properties"]["config"]["properties"]["maintenance"], "maintenance")
+
+
+def test_the_maintainer_rewrites_only_manifests_the_sink_s_merge_leaves_alone() -> None:
+    """The sink merges data manifests within ``target_bytes`` at each commit; a rewrite of one of those
+    would race it. Delete manifests, larger data manifests, and any manifest of a table that does not
+    merge are the maintainer's; a manifest of removed entries only the sink drops by itself."""
+    merge = ManifestMerge.of({})
+    small, big = merge.target_bytes, merge.target_bytes + 1
+    assert not merge.rewritable(deletes=False, length=small, live=True)
+    assert merge.rewritable(deletes=False, length=big, live=True)
+    assert merge.rewritable(deletes=True, length=small, live=True)
+    assert not merge.rewritable(deletes=True, length=small, live=False)
+    off = ManifestMerge.of({"commit.manifest-merge.enabled": "false"})
+    assert off.rewritable(deletes=False, length=small, live=True)
