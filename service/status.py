@@ -32,27 +32,32 @@ def _routes(config: SinkConfig, committed: BatchPlan | None) -> dict[str, str]:
 
 
 def _lag(config: SinkConfig, committed: Offsets, topics: set[str]) -> tuple[dict[str, int], str | None]:
-    """Records behind per topic: from its committed offsets, or, for a routed topic the sink never
-    committed (a table whose changes are held, say), every record Kafka still holds."""
-    from service.kafka.source import SourceError, earliest_offsets, end_offsets, partitions
+    """Records behind per topic, as the ``icesink.kafka.lag`` gauge counts them
+    (:func:`service.kafka.lag.compute_lag`): from the committed offsets, or from the first record
+    Kafka still holds, for a routed topic the sink never committed (a table whose changes are held,
+    say) and for records retention deleted before they were read."""
+    from service.kafka.lag import compute_lag
+    from service.kafka.source import SourceError, consumer, partitions, watermarks
 
     try:
         parts = {t: sorted(ps) for t, ps in committed.items()}
-        since = dict(committed)
         if never := topics - set(committed):
             try:
                 known = partitions(config.kafka, timeout_s=5.0)
             except SourceError:  # a listed topic missing: the others' lag still answers
                 known = {}
-            first = {t: known[t] for t in sorted(never) if known.get(t)}
-            since |= earliest_offsets(config.kafka, first, timeout_s=5.0) if first else {}
-            parts |= first
-        ends = end_offsets(config.kafka, parts, timeout_s=5.0)
+            parts |= {t: known[t] for t in sorted(never) if known.get(t)}
+        client = consumer(config.kafka, "status")
+        try:
+            marks = watermarks(client, parts, timeout_s=5.0)
+        finally:
+            client.close()
     except Exception as exc:  # Kafka down: the rest of the status still answers
         return {}, f"{type(exc).__name__}: {exc}"
-    return {
-        t: sum(max(0, e - since.get(t, {}).get(p, 0)) for p, e in ps.items()) for t, ps in ends.items()
-    }, None
+    lag: dict[str, int] = {}
+    for (topic, _), behind in compute_lag(marks, committed).items():
+        lag[topic] = lag.get(topic, 0) + behind
+    return lag, None
 
 
 def _from_tables(
