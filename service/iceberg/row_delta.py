@@ -118,6 +118,14 @@ class ManifestMerge:
         drops at its next commit, so it is left to that."""
         return live and (not self.enabled or deletes or length > self.target_bytes)
 
+    def rewritable_manifest(self, manifest: ManifestFile) -> bool:
+        """:meth:`rewritable` for a manifest of the table's current snapshot."""
+        return self.rewritable(
+            manifest.content == ManifestContent.DELETES,
+            manifest.manifest_length,
+            manifest.has_added_files() or manifest.has_existing_files(),
+        )
+
 
 class DeleteManifestWriter(ManifestWriterV2):
     """A v2 manifest whose entries are delete files (manifest content ``deletes``).

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
@@ -97,14 +96,7 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         records=_total(summary, "total-records"),
         data_bytes=_total(summary, "total-files-size"),
         manifests=len(manifests),
-        manifests_to_rewrite=sum(
-            merge.rewritable(
-                m.content == ManifestContent.DELETES,
-                m.manifest_length,
-                m.has_added_files() or m.has_existing_files(),
-            )
-            for m in manifests
-        ),
+        manifests_to_rewrite=sum(merge.rewritable_manifest(m) for m in manifests),
         metadata_bytes=len(table.io.new_input(table.metadata_location)),
         commits_since_compaction=len(since),
         last_compaction=_at(last.timestamp_ms) if last else None,

@@ -335,7 +335,6 @@ class RewriteManifests(Task):
         the sink merges, its delete manifests and data manifests too big to merge): a rewrite that
         replaced a data manifest the sink's next commit merged into a new one would fail its retry
         ("Deleted manifest ... could not be found")."""
-        from pyiceberg.manifest import ManifestContent
         from pyspark.java_gateway import ensure_callback_server_started
 
         table = ctx.catalog.load_table(ctx.identifier)
@@ -344,13 +343,7 @@ class RewriteManifests(Task):
             return TaskResult()
         merge = ManifestMerge.of(table.properties)
         per_spec = Counter(
-            m.partition_spec_id
-            for m in snapshot.manifests(table.io)
-            if merge.rewritable(
-                m.content == ManifestContent.DELETES,
-                m.manifest_length,
-                m.has_added_files() or m.has_existing_files(),
-            )
+            m.partition_spec_id for m in snapshot.manifests(table.io) if merge.rewritable_manifest(m)
         )
         spark_context = ctx.spark.sparkContext
         jvm = spark_context._jvm
