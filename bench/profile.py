@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decoder", choices=["auto", "spark"], default="auto", help="source.decoder")
     args = p.parse_args(argv)
 
+    from pyspark.rdd import RDD
     from pyspark.sql.classic.dataframe import DataFrame
     from pyspark.sql.readwriter import DataFrameWriter
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     phases = Phases()
     DataFrame.collect = phases.timed(lambda: _caller(3), DataFrame.collect)  # type: ignore[method-assign]
+    RDD.collect = phases.timed(lambda: _caller(3), RDD.collect)  # type: ignore[method-assign]
     DataFrameWriter.save = phases.timed(lambda: _caller(3), DataFrameWriter.save)  # type: ignore[method-assign]
     Committer.commit = phases.timed(
         lambda: "commit: txnlog precommit, Iceberg snapshot, txnlog commit", Committer.commit

@@ -5,7 +5,7 @@ one run, each a Spark job over the whole topic that hands every record to a Pyth
 
 * ``spark-source``: Spark's Kafka source (the JVM consumer), then ``mapInArrow`` (``source.reader:
   spark``, the path before the task reader);
-* ``tasks``: one row per offset range, and the ``mapInArrow`` task reads its range itself with
+* ``tasks``: an RDD job of one element per offset range, whose task reads its range itself with
   librdkafka (``source.reader: tasks``, the Arrow path);
 * ``tasks-via-jvm``: the task reader's rows handed to the JVM and on to a second Python task (what
   Spark's decoder gets when the Arrow path declines a batch under ``source.reader: tasks``).
@@ -44,14 +44,10 @@ def _count(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 
 def _read_and_count(
-    read: Callable[[dict[str, Any]], Iterator[pa.RecordBatch]], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    def chunks() -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for row in batch.to_pylist():
-                yield from read(row)
-
-    yield from _count(chunks())
+    read: Callable[[Any], Iterator[pa.RecordBatch]], ranges: Iterable[Any]
+) -> Iterator[dict[str, int]]:
+    counted = next(_count(chunk for r in ranges for chunk in read(r)))
+    yield from counted.to_pylist()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    from service.kafka.batch import KafkaBatch, _read_row
-    from service.kafka.reader import RANGE_SCHEMA
+    from service.kafka.batch import KafkaBatch
 
     stack = load_stack()
     topic = unique("readpath")
@@ -84,9 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     client = {"bootstrap.servers": stack.kafka, "isolation.level": "read_committed"}
     spark = spark_session(stack)
-    ranges = spark.createDataFrame(
-        spark.sparkContext.parallelize([(topic, p, 0, ends[p]) for p in (0, 1)], 2), RANGE_SCHEMA
-    )
     batch = KafkaBatch.of_offsets(spark, {topic: {0: 0, 1: 0}}, {topic: ends}, client, args.chunk)
     options: dict[str, Callable[[], list[Any]]] = {
         "spark-source": lambda: (
@@ -99,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             .mapInArrow(_count, COUNT_SCHEMA)
             .collect()
         ),
-        "tasks": lambda: ranges.mapInArrow(
-            partial(_read_and_count, partial(_read_row, client, args.chunk)), COUNT_SCHEMA
-        ).collect(),
+        "tasks": lambda: (
+            spark.sparkContext.parallelize(list(batch.ranges or ()), 2)
+            .mapPartitions(partial(_read_and_count, batch.read))
+            .collect()
+        ),
         "tasks-via-jvm": lambda: batch.rows.mapInArrow(_count, COUNT_SCHEMA).collect(),
     }
     me = os.getpid()

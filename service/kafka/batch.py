@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from typing import Any
@@ -15,30 +15,34 @@ from service.kafka.reader import RANGE_SCHEMA, SPARK_KAFKA_SCHEMA, OffsetRange, 
 from service.model.offsets import Offsets
 from service.spark_session import sql_literal
 
-# A range row ({topic, partition, start, end}) → its Kafka rows, chunk by chunk, in the task.
-RangeRead = Callable[[dict[str, Any]], Iterator[pa.RecordBatch]]
+# How a task reads one range: its Kafka rows, chunk by chunk.
+RangeRead = Callable[[OffsetRange], Iterator[pa.RecordBatch]]
 
 
-def _read_row(client: dict[str, Any], chunk_records: int, row: dict[str, Any]) -> Iterator[pa.RecordBatch]:
-    r = OffsetRange(row["topic"], int(row["partition"]), int(row["start"]), int(row["end"]))
+def _read_range(client: dict[str, Any], chunk_records: int, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     return read_range(client, r, chunk_records)
 
 
 def _read_rows(read: RangeRead, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for row in batch.to_pylist():
-            yield from read(row)
+            yield from read(
+                OffsetRange(row["topic"], int(row["partition"]), int(row["start"]), int(row["end"]))
+            )
 
 
-def _local_ranges(spark: SparkSession, rows: list[tuple[str, int, int, int]]) -> DataFrame:
-    """``rows`` as a DataFrame of :data:`RANGE_SCHEMA`: a ``VALUES`` list, which Spark scans in as many
-    tasks as it has cores (at most one per range). Measured per batch of two ranges: ~5 ms to plan
-    and ~12 ms to collect, where one JSON literal that Spark parsed (``from_json``) took ~20 and ~70
-    ms, ``createDataFrame`` of a Python list 0.2 s more (its conversion in this process, and the
-    schema parsed over py4j), and one JVM expression per range field 1.5 s for 100 ranges."""
-    if not rows:
+def ranges_frame(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFrame:
+    """``ranges`` as a DataFrame of :data:`RANGE_SCHEMA`, for Spark's decoder: a ``VALUES`` list, which
+    Spark scans in as many tasks as it has cores (at most one per range). Measured per batch of two
+    ranges: ~5 ms to plan and ~12 ms to collect, where one JSON literal that Spark parsed
+    (``from_json``) took ~20 and ~70 ms, ``createDataFrame`` of a Python list 0.2 s more (its
+    conversion in this process, and the schema parsed over py4j), and one JVM expression per range
+    field 1.5 s for 100 ranges."""
+    if not ranges:
         return spark.createDataFrame([], RANGE_SCHEMA)
-    values = ", ".join(f"({sql_literal(t)}, {int(p)}, {int(s)}L, {int(e)}L)" for t, p, s, e in rows)
+    values = ", ".join(
+        f"({sql_literal(r.topic)}, {int(r.partition)}, {int(r.start)}L, {int(r.end)}L)" for r in ranges
+    )
     return spark.sql(f"SELECT * FROM VALUES {values} AS ranges(topic, `partition`, `start`, `end`)")
 
 
@@ -47,20 +51,23 @@ class KafkaBatch:
     """``rows``: the records as Spark's Kafka source gives them (key, value, topic, partition, offset,
     timestamp), what Spark's decoder and the dead-letter writer read. With the task reader
     (:mod:`service.kafka.ranges`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
-    reads one: the Arrow path's tasks read their range themselves, and ``rows`` is read from the same
-    ranges only if Spark's decoder needs it (its plan is made then: ~10 ms a batch otherwise)."""
+    reads one: the Arrow path's tasks read their range themselves (an RDD job over the ranges,
+    :class:`service.data.arrow_batch.Ranges`), and ``rows`` is read from the same ranges only if
+    Spark's decoder needs it (its plan is made then: ~10 ms a batch otherwise)."""
 
     spark_rows: DataFrame | None = None  # the rows Spark's source read (or kept: persist)
-    ranges: DataFrame | None = None
+    ranges: tuple[OffsetRange, ...] | None = None
     read: RangeRead | None = None
+    spark: SparkSession | None = None  # the session that plans ``rows`` of the ranges
 
     @cached_property
     def rows(self) -> DataFrame:
         if self.spark_rows is not None:
             return self.spark_rows
-        if self.ranges is None or self.read is None:
+        if self.ranges is None or self.read is None or self.spark is None:
             raise ValueError("a Kafka batch of neither Spark's rows nor offset ranges")
-        return self.ranges.mapInArrow(partial(_read_rows, self.read), SPARK_KAFKA_SCHEMA)
+        frame = ranges_frame(self.spark, self.ranges)
+        return frame.mapInArrow(partial(_read_rows, self.read), SPARK_KAFKA_SCHEMA)
 
     @classmethod
     def of_offsets(
@@ -73,13 +80,13 @@ class KafkaBatch:
         that reads the range (measured: workers that each import everything, a warm-up of a dozen
         batches, and twice the workers' memory). A task reads its ranges one by one.
         """
-        rows = [
-            (t, p, start.get(t, {}).get(p, o), o)
+        ranges = tuple(
+            OffsetRange(t, p, start.get(t, {}).get(p, o), o)
             for t, ps in sorted(end.items())
             for p, o in sorted(ps.items())
             if o > start.get(t, {}).get(p, o)
-        ]
-        return cls(None, _local_ranges(spark, rows), partial(_read_row, client, chunk_records))
+        )
+        return cls(None, ranges, partial(_read_range, client, chunk_records), spark)
 
     def of_topics(self, topics: list[str]) -> KafkaBatch:
         def only(frame: DataFrame) -> DataFrame:
@@ -88,7 +95,7 @@ class KafkaBatch:
         return replace(
             self,
             spark_rows=None if self.spark_rows is None else only(self.spark_rows),
-            ranges=None if self.ranges is None else only(self.ranges),
+            ranges=None if self.ranges is None else tuple(r for r in self.ranges if r.topic in topics),
         )
 
     def persist(self) -> KafkaBatch:

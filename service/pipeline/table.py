@@ -434,9 +434,9 @@ class ArrowTables:
 def arrow_input(records: KafkaBatch) -> DataFrame | arrow_batch.Ranges:
     """What the Arrow path's tasks read: the batch's offset ranges when the source planned them (Spark's
     rows of them are then never planned), else the rows of Spark's source."""
-    if records.ranges is None or records.read is None:
+    if records.ranges is None or records.read is None or records.spark is None:
         return records.rows
-    return arrow_batch.Ranges(records.ranges, records.read)
+    return arrow_batch.Ranges(records.spark, records.ranges, records.read)
 
 
 def write_arrow_tables(

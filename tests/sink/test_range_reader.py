@@ -7,9 +7,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark import TaskContext
 
+from service.data.arrow_batch import Output, Ranges
 from service.kafka import reader
-from service.kafka.batch import _local_ranges
+from service.kafka.batch import ranges_frame
 from service.kafka.reader import OffsetRange, read_range
 
 
@@ -81,11 +83,35 @@ def _high(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def _planned() -> list[OffsetRange]:
+    ranges = [OffsetRange("shop.public.o'rders\\x", 0, 5, 2**40), OffsetRange("shop.public.items", 3, 0, 7)]
+    return ranges + [OffsetRange(f"t{i}", i % 3, i, i + 1) for i in range(40)]
+
+
 def test_a_batch_ranges_frame_keeps_every_range_as_planned_one_task_per_core(spark: Any) -> None:
-    rows = [("shop.public.o'rders\\x", 0, 5, 2**40), ("shop.public.items", 3, 0, 7)]
-    rows += [(f"t{i}", i % 3, i, i + 1) for i in range(40)]
-    frame = _local_ranges(spark, rows)
+    """Spark's decoder reads a batch's ranges through this DataFrame."""
+    ranges = _planned()
+    frame = ranges_frame(spark, ranges)
     assert frame.schema.simpleString() == "struct<topic:string,partition:int,start:bigint,end:bigint>"
-    assert [tuple(r) for r in frame.collect()] == rows
+    assert [OffsetRange(*r) for r in frame.collect()] == ranges
     assert frame.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism
-    assert _local_ranges(spark, rows[:1]).rdd.getNumPartitions() == 1
+    assert ranges_frame(spark, ranges[:1]).rdd.getNumPartitions() == 1
+
+
+def test_the_ranges_job_gives_every_range_to_one_task_at_most_one_per_core(spark: Any) -> None:
+    """The Arrow path's tasks get the batch's ranges through this job: each range exactly once."""
+    ranges = _planned()
+
+    def run(given: list[OffsetRange], tasks: int | None = None) -> list[Output]:
+        job = Ranges(spark, given, read=lambda r: iter(()))
+        return job.run(
+            lambda rs: [Output("range", str(r), target=str(TaskContext.get().partitionId())) for r in rs],  # type: ignore[union-attr]
+            tasks,
+        )
+
+    out = run(ranges)
+    assert sorted(o.text for o in out) == sorted(str(r) for r in ranges)
+    assert len({o.target for o in out}) == spark.sparkContext.defaultParallelism
+    assert len({o.target for o in run(ranges[:1])}) == 1
+    assert len({o.target for o in run(ranges, tasks=1)}) == 1
+    assert run([]) == []

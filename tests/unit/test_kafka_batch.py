@@ -4,37 +4,50 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from pyspark.sql import DataFrame
+from pyspark.sql import SparkSession
 
 from service.data.arrow_batch import Ranges
 from service.kafka.batch import KafkaBatch
+from service.kafka.reader import OffsetRange
 from service.pipeline.table import arrow_input
 
 
-class _Frame:
-    """A DataFrame of ranges that records what was planned over it."""
+class _Spark:
+    """A session that records what was planned through it."""
 
     def __init__(self) -> None:
         self.planned: list[str] = []
+
+    def sql(self, text: str) -> _Spark:
+        self.planned.append("sql")
+        return self
 
     def mapInArrow(self, *args: Any) -> str:
         self.planned.append("mapInArrow")
         return "rows"
 
 
-def _batch(frame: _Frame) -> KafkaBatch:
-    return KafkaBatch(None, cast(DataFrame, frame), read=lambda row: iter(()))
+RANGES = (OffsetRange("a", 0, 0, 5), OffsetRange("b", 1, 3, 4))
+
+
+def _batch(spark: _Spark) -> KafkaBatch:
+    return KafkaBatch(None, RANGES, read=lambda r: iter(()), spark=cast(SparkSession, spark))
 
 
 def test_the_arrow_path_takes_the_ranges_without_planning_spark_rows_of_them() -> None:
-    frame = _Frame()
-    given = arrow_input(_batch(frame))
-    assert isinstance(given, Ranges) and given.frame is cast(DataFrame, frame)
-    assert frame.planned == []
+    spark = _Spark()
+    given = arrow_input(_batch(spark))
+    assert isinstance(given, Ranges) and list(given.ranges) == list(RANGES)
+    assert spark.planned == []
 
 
 def test_spark_rows_of_the_ranges_are_planned_once_when_asked() -> None:
-    frame = _Frame()
-    batch = _batch(frame)
+    spark = _Spark()
+    batch = _batch(spark)
     assert batch.rows == "rows" and batch.rows == "rows"
-    assert frame.planned == ["mapInArrow"]
+    assert spark.planned == ["sql", "mapInArrow"]
+
+
+def test_a_batch_of_some_topics_keeps_their_ranges_only() -> None:
+    batch = _batch(_Spark()).of_topics(["b"])
+    assert batch.ranges == (RANGES[1],)
