@@ -265,8 +265,8 @@ class TaskTable:
             if pc.any(too_big).as_py():
                 raise Declined("a record over source.max_record_bytes")
             decoded = decode(
-                live["value"].to_pylist(),
-                live["key"].to_pylist(),
+                live["value"],
+                live["key"],
                 live,
                 self.spec.columns,
                 write.key,

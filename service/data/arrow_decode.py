@@ -140,15 +140,32 @@ def key_schema(key_columns: list[Column]) -> pa.Schema:
     return pa.schema([("payload", row), *[(f.name, f.type) for f in row]])
 
 
-def _parse(texts: list[bytes], schema: pa.Schema, what: str) -> pa.Table:
-    """One JSON object per text, parsed with `schema`; declines anything that is not exactly that."""
-    if not texts:
+def _binary(values: Sequence[bytes | None] | pa.Array | pa.ChunkedArray, absent: bytes) -> pa.Array:
+    """Kafka keys or values as one binary array, ``absent`` where there is none."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    array = values.cast(pa.binary()) if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+    return pc.fill_null(array, pa.scalar(absent, pa.binary())) if array.null_count else array
+
+
+def _concatenated(texts: pa.Array, separator: bytes = b"") -> bytes:
+    """The texts (a binary array without nulls) back to back, each followed by ``separator``."""
+    if separator:
+        texts = pc.binary_join_element_wise(texts, b"", separator)
+    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + len(texts) + 1]
+    return bytes(texts.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes())
+
+
+def _parse(texts: pa.Array, schema: pa.Schema, what: str) -> pa.Table:
+    """One JSON object per text (a binary array without nulls), parsed with `schema`; declines anything
+    that is not exactly that. The texts are joined in Arrow: no Python object per record."""
+    if len(texts) == 0:
         return schema.empty_table()
     # Objects only: pyarrow 22's reader crashes the process on a line holding a bare `null`.
-    if not all(t[:1] == b"{" and t[-1:] == b"}" for t in texts):
+    if not pc.all(pc.and_(pc.starts_with(texts, "{"), pc.ends_with(texts, "}"))).as_py():
         raise Declined(f"a {what} that is not one JSON object")
-    joined = b"\n".join(texts)
-    if joined.count(b"\n") != len(texts) - 1 or b"\r" in joined:
+    joined = _concatenated(texts, b"\n")
+    if joined.count(b"\n") != len(texts) or b"\r" in joined:
         raise Declined(f"a {what} spans lines")
     try:  # the reader passes invalid UTF-8 through into its strings
         joined.decode("utf-8")
@@ -381,15 +398,15 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return dict(pairs)
 
 
-def special_floats_as_numbers(texts: list[bytes], names: list[str]) -> list[bytes]:
+def special_floats_as_numbers(texts: pa.Array, names: list[str]) -> pa.Array:
     """Debezium writes NaN and ±Infinity of a float or double column as JSON strings (``"NaN"``), which
     Spark's JSON reader takes for a double and pyarrow's does not. The events holding one are written
     again with the bare tokens pyarrow reads (``NaN``, ``Infinity``), in the images' columns ``names``
     only; an event that is not plain JSON (invalid, duplicate keys) is left as it is, to be declined."""
-    if not names or not any(_SPECIAL_FLOAT.search(t) for t in texts):
+    if not names or not len(texts) or not _SPECIAL_FLOAT.search(_concatenated(texts)):
         return texts
     out = []
-    for text in texts:
+    for text in texts.to_pylist():
         try:
             event = json.loads(text, object_pairs_hook=_unique_keys) if _SPECIAL_FLOAT.search(text) else None
         except ValueError:
@@ -404,7 +421,7 @@ def special_floats_as_numbers(texts: list[bytes], names: list[str]) -> list[byte
                     if isinstance(value := image.get(name), str) and value in _SPECIAL_FLOATS:
                         image[name] = _SPECIAL_FLOATS[value]
         out.append(json.dumps(event, separators=(",", ":")).encode())
-    return out
+    return pa.array(out, pa.binary())
 
 
 _SCHEMA_PREFIX = re.compile(rb'\{\s*"schema"\s*:')
@@ -453,8 +470,8 @@ def _section_columns(columns: list[Column], section: str) -> list[Column]:
 
 
 def _decode_by_version(
-    values: Sequence[bytes],
-    keys: Sequence[bytes | None],
+    values: pa.Array,
+    keys: pa.Array,
     kafka: pa.Table,
     versions: list[list[Column]],
     key: list[str],
@@ -473,13 +490,8 @@ def _decode_by_version(
     for encodings, indices in groups.items():
         if reason := unsupported(columns_of[encodings]):
             raise Declined(reason)
-        part = decode(
-            [values[i] for i in indices],
-            [keys[i] for i in indices],
-            kafka.take(pa.array(indices, pa.int64())),
-            columns_of[encodings],
-            key,
-        )
+        taken = pa.array(indices, pa.int64())
+        part = decode(values.take(taken), keys.take(taken), kafka.take(taken), columns_of[encodings], key)
         parts.append(part.rows)
         order.extend(indices)
         for op, n in part.by_op.items():
@@ -504,8 +516,8 @@ class Decoded:
 
 
 def decode(
-    values: Sequence[bytes | None],
-    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None] | pa.Array | pa.ChunkedArray,
+    keys: Sequence[bytes | None] | pa.Array | pa.ChunkedArray,
     kafka: pa.Table,
     columns: list[Column],
     key: list[str],
@@ -521,23 +533,23 @@ def decode(
     (no evolution pending) before using the result.
     """
     schemas: list[str] = []
-    texts = [v if v is not None else TOMBSTONE_EVENT.encode() for v in values]
+    texts = _binary(values, TOMBSTONE_EVENT.encode())
+    key_texts = _binary(keys, b"{}")
     if schema_sections:
-        texts, sections = split_schema_sections(texts)
+        cut, sections = split_schema_sections(texts.to_pylist())
+        texts = pa.array(cut, pa.binary())
         schemas = sorted({s for s in sections if s is not None})
         by_section = {s: _section_columns(columns, s) for s in schemas}
         if any(v != columns for v in by_section.values()):
             versions = [columns if s is None else by_section[s] for s in sections]
-            decoded = _decode_by_version(texts, keys, kafka, versions, key)
+            decoded = _decode_by_version(texts, key_texts, kafka, versions, key)
             decoded.schemas = schemas
             return decoded
     positions = kafka.select(KAFKA_POSITION)
     texts = special_floats_as_numbers(texts, [c.name for c in columns if c.encoding is Encoding.FLOATING])
     envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}
-    key_table = _parse(
-        [k if k is not None else b"{}" for k in keys], key_schema([by_name[k] for k in key]), "record key"
-    )
+    key_table = _parse(key_texts, key_schema([by_name[k] for k in key]), "record key")
 
     payload = _column(envelope, "payload")
     has_payload = pc.is_valid(payload)
