@@ -187,8 +187,8 @@ class Ranges:
     def run(
         self, body: Callable[[Iterable[Range]], Iterable[Output]], tasks: int | None = None
     ) -> list[Output]:
-        """``body`` over the ranges in one Spark job of at most ``tasks`` tasks (by default one per
-        core), at most one per range.
+        """``body`` over the ranges in one Spark job: a task per core, at most ``tasks`` and at most
+        one per range.
 
         An RDD job, not a DataFrame's ``mapInArrow`` over a ``VALUES`` list of the ranges: it has no
         query to parse, analyse, optimise and plan. Measured on two cores, a job of two trivial Python
@@ -197,7 +197,7 @@ class Ranges:
         if not self.ranges:
             return []
         sc = self.spark.sparkContext
-        slices = max(1, min(len(self.ranges), tasks or sc.defaultParallelism))
+        slices = max(1, min(len(self.ranges), sc.defaultParallelism, tasks or sc.defaultParallelism))
         return list(sc.parallelize(list(self.ranges), slices).mapPartitions(body).collect())
 
     def of_topics(self, topics: Collection[str]) -> Ranges:
@@ -352,8 +352,8 @@ def run(
     """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
     a task declined, a key turned up in two tasks, or ``check_schemas`` gives a reason not to take
     the events' schema sections (a schema the table must evolve for first). ``records``: the rows
-    of Spark's source, or the batch's offset :class:`Ranges`, which the tasks read themselves (one
-    task per Kafka partition)."""
+    of Spark's source, or the batch's offset :class:`Ranges`, which the tasks read themselves (a
+    task per core, each reading its ranges one by one)."""
     rows: list[Any]
     if isinstance(records, Ranges):
         rows = records.run(partial(process_ranges, {"": spec}, {}, records.read))

@@ -248,7 +248,6 @@ def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | No
         raise Declined(f"column {column.name}: an empty decimal")
     if lengths.max() > 12:
         return None
-    texts = pa.concat_arrays([texts])  # offsets from 0
     offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + len(texts) + 1]
     chars = np.frombuffer(texts.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
     # Each value's sextets, left-aligned in 12 columns (zeros after its end).
