@@ -114,4 +114,5 @@ def test_the_ranges_job_gives_every_range_to_one_task_at_most_one_per_core(spark
     assert len({o.target for o in out}) == spark.sparkContext.defaultParallelism
     assert len({o.target for o in run(ranges[:1])}) == 1
     assert len({o.target for o in run(ranges, tasks=1)}) == 1
+    assert len({o.target for o in run(ranges, tasks=64)}) == spark.sparkContext.defaultParallelism
     assert run([]) == []
