@@ -194,6 +194,15 @@ def trino(stack: Stack) -> str:
     return uri
 
 
+@pytest.fixture(scope="session", autouse=True)
+def spark_local_dirs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Spark's scratch directories (``spark-*``, each with a copy of the jars, ~116 MB) under pytest's
+    own temporary directory, for this process and every sink it starts: a sink killed by a test never
+    removes its own, and pytest keeps only its last few runs' directories."""
+    if not os.environ.get("SPARK_LOCAL_DIRS"):
+        os.environ["SPARK_LOCAL_DIRS"] = str(tmp_path_factory.mktemp("spark"))
+
+
 @pytest.fixture(scope="session")
 def spark(stack: Stack) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
