@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--soak-period",
         type=float,
-        default=1.0,
+        default=2.0,
         help="soak: seconds between the sinks' micro-batches (commit.trigger_interval), one commit each",
     )
     p.add_argument("--soak-keys", type=int, default=10_000, help="soak: keys of the soak's workload")

@@ -40,11 +40,13 @@ from bench.sink import Batch, Sink, parse_batches, sink_config, unique
 from bench.stack import REPO, Stack
 from bench.workload import Workload, ensure_topic, produce
 
-# `icesink maintain` settings of the maintained table (the `maintenance:` section of its sink config).
+# `icesink maintain` settings of the maintained table (the `maintenance:` section of its sink config):
+# a compaction as soon as a commit left a delete file, and a short history, because DuckDB pays for
+# both at every scan (docs/performance.md, "Soak").
 MAINTENANCE: dict[str, Any] = {
-    "interval": "1s",
-    "compaction": {"delete_files": 2, "commits": 20, "max_age": "1m"},
-    "expiry": {"older_than": "1m", "retain_last": 30, "min_expirable": 50},
+    "interval": "500ms",
+    "compaction": {"delete_files": 1, "commits": 20, "max_age": "1m"},
+    "expiry": {"older_than": "20s", "retain_last": 10, "min_expirable": 20},
     "orphans": {"older_than": "1h", "interval": "30m"},
     "max_manifests": 20,
 }
@@ -64,7 +66,7 @@ class SoakParams:
     commits: int = 2000
     every: int = 200
     per_commit: int = 25
-    period_s: float = 1.0  # commit.trigger_interval of both sinks
+    period_s: float = 2.0  # commit.trigger_interval of both sinks
     keys: int = 10_000
     partitions: int = 1
     scan_timeout_s: float = 180.0
