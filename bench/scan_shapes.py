@@ -5,9 +5,10 @@ few shapes: the compaction's (one data file, the delete manifests of the files i
 sink's on top of it (one more data file and equality-delete file per commit since). This times
 ``readside.QUERY`` through DuckDB as of the newest snapshot of each shape, side by side in rounds with a
 one-file copy of the table's current rows (written with pyiceberg, dropped afterwards), the median of
-each. ``--history`` then expires every snapshot but the current one (destructive: for bench tables)
-and times the current snapshot again: the share of the scan that is the table's snapshot history, as
-the catalog returns it with the table's metadata at every scan.
+each. ``--history`` then expires every snapshot but the current one (destructive, and it leaves the
+files only they referenced behind as orphans: for bench tables) and times the current snapshot
+again: the share of the scan that is the table's snapshot history, which the catalog returns with
+the table's metadata at every scan.
 
     .venv/bin/python -m bench.scan_shapes bench_soak_xxxxxxxx.maintained [--rounds 25] [--history]
 """
@@ -60,32 +61,35 @@ def timed_rounds(con: Any, targets: dict[str, tuple[str, int]], rounds: int) -> 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.scan_shapes", description=__doc__.splitlines()[0])
     p.add_argument("table", help="<namespace>.<table>")
-    p.add_argument("--rounds", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=25, help="timed rounds (at least 1), after 3 untimed")
     p.add_argument(
         "--history", action="store_true", help="then expire all but the current snapshot and scan again"
     )
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
 
     from readers import duckdb_connect
 
     catalog = load_stack().catalog()
     table = catalog.load_table(args.table)
-    con = duckdb_connect()
+    current = table.current_snapshot().snapshot_id
     namespace, name = args.table.split(".")
-    rows = con.execute(f'SELECT * FROM "cat"."{namespace}"."{name}"').arrow()
-    rows = (rows.read_all() if hasattr(rows, "read_all") else rows).cast(table.schema().as_arrow())
     copy_name = f"{args.table}_scan_shapes_copy"
     if catalog.table_exists(copy_name):
         catalog.purge_table(copy_name)
-    copy = catalog.create_table(copy_name, schema=table.schema())
+    con = duckdb_connect()
     try:
+        # The copy holds the rows of the snapshot measured as "current", whatever commits meanwhile.
+        rows = con.execute(f'SELECT * FROM "cat"."{namespace}"."{name}" AT (VERSION => {current})').arrow()
+        rows = (rows.read_all() if hasattr(rows, "read_all") else rows).cast(table.schema().as_arrow())
+        copy = catalog.create_table(copy_name, schema=table.schema())
         copy.append(rows)
         copy_id = copy.refresh().current_snapshot().snapshot_id
         by_shape = shapes(table)
         print(
             f"{args.table}: {len(table.metadata.snapshots)} snapshots, {rows.num_rows} rows; copy: one file"
         )
-        current = table.current_snapshot().snapshot_id
         targets = {"copy": (copy_name, copy_id), "current": (args.table, current)} | {
             f"{op} {d}+{x} files, {m} manifests": (args.table, sid)
             for (op, d, x, m), sid in sorted(by_shape.items())
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
         for label, s in got.items():
             print(f"  {label:42s} {s * 1000:7.2f} ms  {s / got['copy']:.2f}x")
         if args.history:
+            # Metadata only: the files the expired snapshots alone referenced stay behind as orphans.
+            table = catalog.load_table(args.table)
+            current = table.current_snapshot().snapshot_id
             older = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current]
             table.maintenance.expire_snapshots().by_ids(older).commit()
             got = timed_rounds(
@@ -105,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         con.close()
-        catalog.purge_table(copy_name)
+        if catalog.table_exists(copy_name):
+            catalog.purge_table(copy_name)
 
 
 if __name__ == "__main__":
