@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql.classic.dataframe import DataFrame
     from pyspark.sql.readwriter import DataFrameWriter
 
-    from service.channel.committer import Committer
+    from service.commit.committer import Committer
     from service.config import parse_config
     from service.job import SinkJob
 

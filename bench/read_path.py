@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
     from service.kafka.batch import KafkaBatch
+    from service.kafka.stream_source import batch_ranges
 
     stack = load_stack()
     topic = unique("readpath")
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     client = {"bootstrap.servers": stack.kafka, "isolation.level": "read_committed"}
     spark = spark_session(stack)
-    batch = KafkaBatch.of_offsets(spark, {topic: {0: 0, 1: 0}}, {topic: ends}, client, args.chunk)
+    ranges = batch_ranges({topic: {0: 0, 1: 0}}, {topic: ends}, lambda _: {})
+    batch = KafkaBatch.of_ranges(spark, ranges, client, args.chunk)
     options: dict[str, Callable[[], list[Any]]] = {
         "spark-source": lambda: (
             spark.read.format("kafka")

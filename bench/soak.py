@@ -10,7 +10,7 @@ committed it (so both tables hold exactly the same rows, which the model checks)
 measured, the maintained one first, while the maintainer keeps running as it would: Spark (Iceberg
 runtime) and DuckDB (iceberg extension) scan time of ``readside.QUERY``; the same rows fully compacted
 (a copy written by Spark as one data file, scanned the same way, then dropped); the current metadata
-file's size, snapshots, data/delete files and manifests (``service.maintenance.health``); the bytes
+file's size, snapshots, data/delete files and manifests (``service.maintenance.table_health``); the bytes
 and objects under each table's location in the object store. Commit durations per batch come from
 the sinks' JSON logs (txnlog precommit → Iceberg snapshot → txnlog commit).
 """
@@ -208,8 +208,8 @@ def store_usage(stack: Stack, location: str) -> dict[str, int]:
 
 
 def table_state(stack: Stack, table: str) -> dict[str, Any]:
-    """The table's health (service.maintenance.health) and what its location holds in the object store."""
-    from service.maintenance.health import table_health
+    """The table's health (service.maintenance.table_health) and what its location holds in the object store."""
+    from service.maintenance.table_health import table_health
 
     t = stack.catalog().load_table(table)
     health = table_health(t, table).to_json()

@@ -121,7 +121,7 @@ from confluent_kafka import Producer
 
 from service.config import load_config
 from service.sample import SampleSource
-from service.kafka.source import client_config
+from service.kafka.lookups import client_config
 
 seed, events, keys = (int(a) for a in sys.argv[1:4])
 config = load_config(os.environ.get("ICESINK_CONFIG", "/etc/icesink/sink.yaml"))
@@ -185,10 +185,10 @@ import os
 import sys
 import time
 
-from service.channel.pending import SUMMARY_OFFSETS, SUMMARY_SEQ, SUMMARY_SINK_ID, PendingCommit
+from service.commit.plan import SUMMARY_OFFSETS, SUMMARY_SEQ, SUMMARY_SINK_ID, PendingCommit
 from service.config import load_config
 from service.iceberg.tables import open_catalog
-from service.kafka.source import end_offsets, partitions
+from service.kafka.lookups import end_offsets, partitions
 from txnlog import TransactionLog
 
 deadline = time.monotonic() + float(sys.argv[1])

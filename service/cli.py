@@ -24,11 +24,11 @@ EXIT_FENCED = 3
 
 
 def _run(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.channel.committer import LogBehindTable, PlanUncommittable
+    from service.commit.committer import LogBehindTable, PlanUncommittable
     from service.health import Health
     from service.job import SinkFenced, SinkJob
-    from service.kafka.offsets import OffsetsGone
-    from service.kafka.source import SourceError
+    from service.kafka.lookups import SourceError
+    from service.kafka.retention import OffsetsGone
     from service.pipeline.routes import Unroutable
     from service.spark_jars import SparkJarsError
 
@@ -53,20 +53,20 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _status(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.status import status
+    from service.ops.status import status
 
     print(json.dumps(status(config), indent=2))
     return EXIT_OK
 
 
 def _check(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.checks import run_checks
+    from service.ops.check import run_checks
 
     return EXIT_OK if run_checks(config) else EXIT_FAILED
 
 
 def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.orphans import delete_orphans, find_orphans, find_sink_orphans
+    from service.ops.orphans import delete_orphans, find_orphans, find_sink_orphans
 
     if not config.table.is_template:
         report = find_orphans(config, args.older_than)
@@ -82,13 +82,13 @@ def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _maintain(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.maintenance.command import maintain
+    from service.ops.maintain import maintain
 
     return maintain(config, once=args.once)
 
 
 def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.reseed import NothingToReseed, reseed
+    from service.ops.reseed import NothingToReseed, reseed
     from txnlog import InvalidPhase
 
     try:
@@ -101,7 +101,7 @@ def _txnlog_reseed(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.abandon import abandon
+    from service.ops.abandon import abandon
 
     outcome = abandon(config, force=args.force)
     print(outcome.report)
@@ -109,8 +109,8 @@ def _txnlog_abandon(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _offsets_reset(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.kafka.offsets import ResetRefused, reset
-    from service.kafka.source import SourceError
+    from service.kafka.lookups import SourceError
+    from service.ops.offsets_reset import ResetRefused, reset
 
     if args.partition is not None and args.topic is None:
         print("icesink: offsets reset: --partition needs --topic", file=sys.stderr)

@@ -638,7 +638,7 @@ class SinkConfig(_Section):
     @property
     def backlog_chunk(self) -> int | None:
         """Records per partition a sink of many tables reads at once while it is behind
-        (service.kafka.ranges.cap): ``commit.table_min_records``, else a tenth of
+        (service.kafka.stream_source.cap): ``commit.table_min_records``, else a tenth of
         ``kafka.max_offsets_per_trigger`` (five to ten partitions a batch, each table's share big
         enough to be worth its snapshot). None without a budget: every batch reads everything."""
         budget = self.kafka.max_offsets_per_trigger

@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from service.config import MetricsConfig
 
 if TYPE_CHECKING:
-    from service.maintenance.health import TableHealth
+    from service.maintenance.table_health import TableHealth
     from service.maintenance.tasks import TaskResult
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from service.kafka.source import CLIENT_LOGGER
+from service.kafka.lookups import CLIENT_LOGGER
 
 COUNTRIES = ("de", "fr", "us", "jp", "br", "in")
 COLUMNS_SCHEMA = [

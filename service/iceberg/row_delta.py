@@ -6,7 +6,7 @@ manifest in the same snapshot as the new rows (so the deletes get the same seque
 only to older rows), and a commit whose outcome is unknown must be checked, not repeated. So this
 producer builds the snapshot for an explicit parent and a caller-chosen snapshot id, and commits it
 with exactly one request guarded by ``AssertRefSnapshotId``; deciding what to do after a failure is
-the caller's job (see :mod:`service.channel.committer`). Table properties given with the snapshot are
+the caller's job (see :mod:`service.commit.committer`). Table properties given with the snapshot are
 set by the same request, so they land if and only if the snapshot does.
 
 Like Java's row delta, it merges small data manifests as it commits (:class:`ManifestMerge`): a sink

@@ -12,7 +12,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from service.kafka.reader import RANGE_SCHEMA, SPARK_KAFKA_SCHEMA, OffsetRange, read_range
-from service.model.offsets import Offsets
 from service.spark_session import sql_literal
 
 # How a task reads one range: its Kafka rows, chunk by chunk.
@@ -50,7 +49,7 @@ def ranges_frame(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFram
 class KafkaBatch:
     """``rows``: the records as Spark's Kafka source gives them (key, value, topic, partition, offset,
     timestamp), what Spark's decoder and the dead-letter writer read. With the task reader
-    (:mod:`service.kafka.ranges`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
+    (:mod:`service.kafka.stream_source`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
     reads one: the Arrow path's tasks read their range themselves (an RDD job over the ranges,
     :class:`service.data.arrow_batch.Ranges`), and ``rows`` is read from the same ranges only if
     Spark's decoder needs it (its plan is made then: ~10 ms a batch otherwise)."""
@@ -70,23 +69,18 @@ class KafkaBatch:
         return frame.mapInArrow(partial(_read_rows, self.read), SPARK_KAFKA_SCHEMA)
 
     @classmethod
-    def of_offsets(
-        cls, spark: SparkSession, start: Offsets, end: Offsets, client: dict[str, Any], chunk_records: int
+    def of_ranges(
+        cls, spark: SparkSession, ranges: Sequence[OffsetRange], client: dict[str, Any], chunk_records: int
     ) -> KafkaBatch:
-        """The batch from ``start`` to ``end``: one range per partition that moved.
+        """The batch of ``ranges`` (:func:`service.kafka.stream_source.batch_ranges`), which its tasks
+        read one by one.
 
-        The ranges are built here, not taken from the stream's own rows: those would be made by the
-        source's ``read()`` in a Python worker of their own, a second one per task beside the one
-        that reads the range (measured: workers that each import everything, a warm-up of a dozen
-        batches, and twice the workers' memory). A task reads its ranges one by one.
+        The ranges are not taken from the stream's own rows: those would be made by the source's
+        ``read()`` in a Python worker of their own, a second one per task beside the one that reads
+        the range (measured: workers that each import everything, a warm-up of a dozen batches, and
+        twice the workers' memory).
         """
-        ranges = tuple(
-            OffsetRange(t, p, start.get(t, {}).get(p, o), o)
-            for t, ps in sorted(end.items())
-            for p, o in sorted(ps.items())
-            if o > start.get(t, {}).get(p, o)
-        )
-        return cls(None, ranges, partial(_read_range, client, chunk_records), spark)
+        return cls(None, tuple(ranges), partial(_read_range, client, chunk_records), spark)
 
     def of_topics(self, topics: list[str]) -> KafkaBatch:
         def only(frame: DataFrame) -> DataFrame:

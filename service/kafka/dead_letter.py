@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from pyspark.sql import DataFrame
 
 from service.config import KafkaConfig
-from service.kafka.source import client_config
+from service.kafka.lookups import client_config
 
 logger = logging.getLogger(__name__)
 

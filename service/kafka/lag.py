@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from service.config import SinkConfig
-from service.kafka import source
-from service.kafka.source import Watermarks
+from service.kafka import lookups
+from service.kafka.lookups import Watermarks
 from service.metrics import SinkMetrics
 
 logger = logging.getLogger(__name__)
@@ -63,8 +63,8 @@ class LagMonitor:
 
     def watermarks(self, timeout_s: float = 10.0) -> Watermarks:
         if self._consumer is None:
-            self._consumer = source.consumer(self.config.kafka, "lag")
-        return source.watermarks(
+            self._consumer = lookups.consumer(self.config.kafka, "lag")
+        return lookups.watermarks(
             self._consumer, {t: list(ps) for t, ps in self.partitions().items()}, timeout_s
         )
 

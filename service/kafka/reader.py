@@ -6,7 +6,7 @@ process boundary between the broker and the decoder, and a task holds one chunk 
 time rather than its whole share of the batch (:mod:`service.data.arrow_batch` compacts as it goes).
 
 A range is ``[start, end)`` of one partition, as the source planned it
-(:mod:`service.kafka.ranges`). Under ``read_committed`` librdkafka skips the records of aborted
+(:mod:`service.kafka.stream_source`). Under ``read_committed`` librdkafka skips the records of aborted
 transactions and the transaction markers, so the last record read may fall short of ``end``: the read
 is over at the first record at or past ``end``, or when the partition's end is reached at or past
 ``end``. A range whose start Kafka no longer holds fails the read (:class:`RangeGone`), never skips.
@@ -144,7 +144,7 @@ def read_range(
 ) -> Iterator[pa.RecordBatch]:
     """The records of ``r`` as Arrow batches of at most ``chunk_records`` rows (:data:`KAFKA_SCHEMA`).
 
-    ``client``: librdkafka properties (:func:`service.kafka.source.client_config` without its logger,
+    ``client``: librdkafka properties (:func:`service.kafka.lookups.client_config` without its logger,
     which does not travel to the tasks), the isolation level included.
     """
     if r.end <= r.start:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from service.config import SinkConfig
 from service.failpoints import failpoint
-from service.maintenance.health import TableHealth, table_health
 from service.maintenance.lease import TableBusy, TableLease
+from service.maintenance.table_health import TableHealth, table_health
 from service.maintenance.tasks import Task, TaskContext, TaskResult, default_tasks
 from service.metrics import SinkMetrics
 from service.retrying import brief
@@ -99,7 +99,7 @@ class Maintainer:
         self.stop = stop or threading.Event()
 
     def tables(self) -> list[str]:
-        from service.operator import existing_sink_tables
+        from service.ops.common import existing_sink_tables
 
         return existing_sink_tables(self.config, self.catalog, self.log)
 

@@ -2,7 +2,7 @@
 
 Spark's Iceberg procedures and Iceberg's own Java API do the work (design brief: do not re-implement
 them). icesink deletes files itself in two places: data-location orphans, because only the txnlog
-knows which unreferenced files a pending plan still needs (:mod:`service.orphans`), and the files
+knows which unreferenced files a pending plan still needs (:mod:`service.ops.orphans`), and the files
 Iceberg's snapshot expiry names, which it counts before deleting them in one bulk request.
 
 Why the defaults are safe next to a running sink:
@@ -11,10 +11,10 @@ Why the defaults are safe next to a running sink:
   sequence number of the snapshot the rewrite started from, so an equality delete the sink commits
   meanwhile still applies to them, and no deleted row comes back (Iceberg issue 10312). The sink's
   own commit conflicts with the rewrite's at most once per rewrite: it reloads and commits again
-  (:mod:`service.channel.committer`); the rewrite's conflicts are Iceberg's to validate and retry;
+  (:mod:`service.commit.committer`); the rewrite's conflicts are Iceberg's to validate and retry;
 * expiry never removes a file a pending plan needs: such files are in no snapshot yet, and the proof
   that a plan landed is kept in table properties that expiry does not touch
-  (:mod:`service.channel.marks`);
+  (:mod:`service.commit.marks`);
 * orphans must be older than ``maintenance.orphans.older_than``, and a file any txnlog plan names is
   never one.
 """
@@ -32,7 +32,7 @@ from py4j.protocol import Py4JJavaError
 
 from service.config import MaintenanceConfig, SinkConfig
 from service.iceberg.row_delta import ManifestMerge
-from service.maintenance.health import TableHealth
+from service.maintenance.table_health import TableHealth
 from service.spark_session import sql_literal
 
 if TYPE_CHECKING:
@@ -410,7 +410,7 @@ class RemoveOrphans(Task):
         return None
 
     def run(self, ctx: TaskContext) -> TaskResult:
-        from service.orphans import delete_orphans, find_orphans
+        from service.ops.orphans import delete_orphans, find_orphans
 
         cfg = ctx.settings.orphans
         self.last_run[ctx.identifier] = datetime.now(UTC)

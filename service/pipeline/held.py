@@ -28,10 +28,10 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from service.channel.cadence import CommitCadence
 from service.data.arrow_batch import ArrowBatch
 from service.data.files import WriteSpec, write_files
 from service.model.offsets import Offsets
+from service.pipeline.cadence import CommitCadence
 from service.pipeline.result import TableWrite
 
 _RANK = "__icesink_held_rank"
@@ -153,7 +153,7 @@ class HeldTables:
 
         The specs are taken now, in this thread: ``spec_of`` asks the catalog, whose client is not
         shared between threads. The writing may then run in another thread (the sink's commit thread,
-        service.channel.overlap) while the next batch is read."""
+        service.commit.overlap) while the next batch is read."""
         held = [self._held.pop(t) for t in tables if t in self._held]
         specs = {h.table: spec_of(h.table) for h in held}
 

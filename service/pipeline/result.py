@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pyiceberg.manifest import DataFile
 
-from service.channel.pending import PendingCommit, new_snapshot_id
+from service.commit.plan import PendingCommit, new_snapshot_id
 from service.model.offsets import Offsets
 
 

@@ -16,10 +16,11 @@ from pyiceberg.catalog import Catalog
 
 from service.config import SinkConfig, render_identifier, template_fields
 from service.iceberg.tables import KnownTables
-from service.kafka.source import peek
+from service.kafka.lookups import peek
 from service.metrics import SinkMetrics
 from service.model.offsets import Offsets
-from service.pipeline.table import TABLE_FAILURES, TablePipeline
+from service.pipeline.isolation import isolates
+from service.pipeline.table import TablePipeline
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ class Routes:
         """Whether the identifier is a template (each topic may land in a table of its own)."""
         return bool(self.fields)
 
+    @property
+    def one_table(self) -> str | None:
+        """A one-table sink's table (its plans keep that row format); None for a sink of many tables."""
+        return None if self.many else self.config.table.identifier
+
+    @property
+    def recorded(self) -> dict[str, str]:
+        """topic → table, as a sink of many tables' plans record it (a one-table sink records none)."""
+        return dict(self.tables) if self.many else {}
+
     def topics_of(self, table: str) -> list[str]:
         return sorted(t for t, name in self.tables.items() if name == table)
 
@@ -74,9 +85,7 @@ class Routes:
                     )
                     opened.append(identifier)
                 except Exception as exc:
-                    if not self.may_isolate(identifier, exc):
-                        raise
-                    self.isolate(identifier, exc)
+                    self.isolate_or_raise(identifier, exc)
             for topic in its_topics:
                 self.tables[topic] = identifier
                 logger.info("topic %s lands in table %s", topic, identifier)
@@ -102,10 +111,11 @@ class Routes:
             values |= {f"source.{k}": v for k, v in source.items()}
         return render_identifier(self.config.table.identifier, values)
 
-    def may_isolate(self, identifier: str, exc: BaseException) -> bool:
-        """Whether ``exc`` is the table's own failure and its settings say to isolate it."""
-        settings = self.config.table_settings(identifier)
-        return settings.on_failure != "stop" and isinstance(exc, TABLE_FAILURES)
+    def isolate_or_raise(self, identifier: str, exc: Exception) -> None:
+        """Isolate the table if ``exc`` is its own failure and its settings say so; else raise ``exc``."""
+        if not isolates(self.config.table_settings(identifier), exc):
+            raise exc
+        self.isolate(identifier, exc)
 
     def is_isolated(self, identifier: str) -> bool:
         return identifier in self.isolated or identifier in self.paused

@@ -23,7 +23,6 @@ from functools import partial
 from typing import TypeVar
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import ForbiddenError, NoSuchTableError, UnauthorizedError
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -45,7 +44,7 @@ from service.iceberg.tables import (
 )
 from service.kafka import dead_letter
 from service.kafka.batch import KafkaBatch
-from service.kafka.source import Peek, peek
+from service.kafka.lookups import Peek, peek
 from service.metrics import SinkMetrics
 from service.model.columns import (
     Column,
@@ -57,16 +56,13 @@ from service.model.columns import (
 )
 from service.model.datafile_json import from_json
 from service.model.offsets import Offsets
+from service.pipeline.isolation import isolates
 from service.pipeline.result import TableWrite
 from service.pipeline.schemas import SchemaTracker
 from service.retrying import Backoff, brief, retry_call
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-# A table's own failures: they concern this table alone, and retrying does not mend them
-# (table.on_failure says whether they stop the sink or isolate the table).
-TABLE_FAILURES = (SchemaError, NoSuchTableError, ForbiddenError, UnauthorizedError)
 
 
 class StopRequested(RuntimeError):
@@ -264,9 +260,7 @@ class TablePipeline:
         sink, and a restart resumes from the committed offsets.
         """
         attempts = self.config.commit.retries
-        final: tuple[type[BaseException], ...] = (SchemaError, StopRequested, Declined)
-        if self.settings.on_failure != "stop":  # isolate the table now rather than stall the others
-            final += TABLE_FAILURES
+        final = (SchemaError, StopRequested, Declined)
 
         def on_failure(attempt: int, exc: BaseException) -> None:
             logger.warning(
@@ -276,7 +270,10 @@ class TablePipeline:
         return retry_call(
             write,
             Backoff(attempts, initial_s=1.0, max_s=30.0),
-            retry_on=lambda exc: isinstance(exc, Exception) and not isinstance(exc, final),
+            # a failure that isolates the table does so now, rather than stall the others
+            retry_on=lambda exc: (
+                isinstance(exc, Exception) and not isinstance(exc, final) and not isolates(self.settings, exc)
+            ),
             on_failure=on_failure,
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from service.channel.pending import PendingCommit
+from service.commit.plan import PendingCommit
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink
 from tests.sink.debezium_sales import assert_table_matches, capturing, sales_sink

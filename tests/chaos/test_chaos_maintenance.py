@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from service.channel.pending import BatchPlan
+from service.commit.plan import BatchPlan
 from service.maintenance.lease import lease_id
 from tests.chaos.harness import (
     BackgroundProducer,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pyiceberg.catalog import Catalog
 
-from service.channel.committer import find_commit
-from service.channel.pending import BatchPlan
+from service.commit.committer import find_commit
+from service.commit.plan import BatchPlan
 from service.failpoints import KILL_EXIT_CODE
 from service.sample import SampleSource, ensure_topic, produce
 from tests.sink.conftest import Sink

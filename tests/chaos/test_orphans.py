@@ -20,8 +20,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from readers import duckdb_connect
-from service.channel.committer import Committer
-from service.channel.pending import PendingCommit, new_snapshot_id
+from service.commit.committer import Committer
+from service.commit.plan import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema

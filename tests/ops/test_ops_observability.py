@@ -15,7 +15,7 @@ from ops_helpers import REPO, free_port, http_status, parse_prometheus
 from service.config import parse_config
 from service.health import Health
 from service.kafka.lag import LagMonitor, compute_lag
-from service.maintenance.health import TableHealth
+from service.maintenance.table_health import TableHealth
 from service.maintenance.tasks import TaskResult
 from service.metrics import INSTRUMENTS, SinkMetrics, otlp_metrics_url
 

@@ -6,7 +6,7 @@ import signal
 from datetime import datetime, timedelta
 from typing import Any
 
-from service.channel.cadence import CommitCadence
+from service.pipeline.cadence import CommitCadence
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, sink_snapshots
 from tests.sink.test_end_to_end import _catalog

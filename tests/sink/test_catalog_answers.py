@@ -16,7 +16,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
 from readers import duckdb_connect
-from service.channel.committer import Committer
+from service.commit.committer import Committer
 from service.config import load_config
 from service.failpoints import configure as configure_failpoints
 from service.job import SinkJob
@@ -175,5 +175,5 @@ def test_server_error_at_start_up_is_retried(
     ]
     assert not proxy.answers, f"not every 500 was answered: {proxy.answers}"
     assert rest_catalog.table_exists(sink.table)
-    assert job.lease.epoch == 1 and job.offsets == {}
+    assert job.lease is not None and job.lease.epoch == 1 and job.positions.committed == {}
     job.log.close()

@@ -17,13 +17,13 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from readers import duckdb_connect
-from service.channel.committer import Committer, find_commit
-from service.channel.pending import PendingCommit, new_snapshot_id
+from service.commit.committer import Committer, find_commit
+from service.commit.plan import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
-from service.orphans import list_files
+from service.ops.orphans import list_files
 from tests.sink.expect import assert_seqs_increasing, send_txnlog_back
 from txnlog import Fenced, Phase, TransactionLog
 

@@ -14,7 +14,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from readers import duckdb_rows, spark_rows
-from service.channel.pending import SUMMARY_OFFSETS
+from service.commit.plan import SUMMARY_OFFSETS
 from tests.sink.conftest import Sink, change
 from tests.sink.expect import sink_snapshots
 

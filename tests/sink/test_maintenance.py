@@ -20,8 +20,8 @@ from pyiceberg.catalog import load_catalog
 
 from readers import duckdb_connect
 from service.config import parse_config
-from service.maintenance.health import table_health
 from service.maintenance.lease import lease_id
+from service.maintenance.table_health import table_health
 from tests.ops.ops_helpers import free_port, http_status
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows
@@ -65,7 +65,7 @@ def _maintain(sink: Sink, *args: str, env: dict[str, str | None] | None = None) 
 
 
 def _metadata_files(sink: Sink) -> list[str]:
-    from service.orphans import list_files
+    from service.ops.orphans import list_files
 
     table = _catalog(sink).load_table(sink.table)
     listed = list_files(table.io, table.metadata.location.rstrip("/") + "/metadata")

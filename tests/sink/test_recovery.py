@@ -7,7 +7,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from service.channel.pending import PendingCommit
+from service.commit.plan import PendingCommit
 from service.failpoints import KILL_EXIT_CODE
 from tests.sink.conftest import Sink
 from tests.sink.expect import (

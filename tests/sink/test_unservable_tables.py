@@ -20,11 +20,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import FixedType
 
 from readers import duckdb_rows, spark_rows
-from service.channel.pending import PendingCommit
 from service.cli import EXIT_CONFIG, EXIT_OK
+from service.commit.plan import PendingCommit
 from service.failpoints import KILL_EXIT_CODE
 from service.model.columns import column_from_config, iceberg_schema
-from service.orphans import data_location, list_files
+from service.ops.orphans import data_location, list_files
 from service.sample import table_columns
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, topic_records

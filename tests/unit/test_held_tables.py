@@ -8,10 +8,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from service.channel.cadence import CommitCadence
 from service.config import ConfigError, load_config
 from service.data.arrow_batch import ArrowBatch
 from service.data.files import OP_COLUMN
+from service.pipeline.cadence import CommitCadence
 from service.pipeline.held import HeldChanges, HeldTables
 
 

@@ -2,7 +2,7 @@
 
 From the bottom: ``txnlog`` (knows nothing of the service); ``service.model`` (columns, data-file
 JSON, offsets: shared by everything); the data plane ``service.data``, the catalog side
-``service.iceberg`` and Kafka's side ``service.kafka``, none of which imports another; the commit protocol ``service.channel``; the
+``service.iceberg`` and Kafka's side ``service.kafka``, none of which imports another; the commit protocol ``service.commit``; the
 pipeline; the job, which only the CLI imports. Benchmarks and scripts use the service and the
 reference readers (``readers``), never the tests. Imports inside functions count too.
 """
@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = [
     ("service.data", "service.iceberg", "the data plane never imports the catalog side"),
     ("service.iceberg", "service.data", "the catalog side never imports the data plane"),
-    ("service.data", "service.channel", "the data plane never imports the commit protocol"),
-    ("service.iceberg", "service.channel", "the catalog side never imports the commit protocol"),
+    ("service.data", "service.commit", "the data plane never imports the commit protocol"),
+    ("service.iceberg", "service.commit", "the catalog side never imports the commit protocol"),
     ("service.data", "service.pipeline", "the data plane is below the pipeline"),
     ("service.iceberg", "service.pipeline", "the catalog side is below the pipeline"),
-    ("service.channel", "service.pipeline", "the commit protocol is below the pipeline"),
+    ("service.commit", "service.pipeline", "the commit protocol is below the pipeline"),
     ("service.kafka", "service.data", "Kafka's side never imports the data plane"),
     ("service.kafka", "service.iceberg", "Kafka's side never imports the catalog side"),
     ("service.kafka", "service.pipeline", "Kafka's side is below the pipeline"),
@@ -32,7 +32,7 @@ RULES = [
     ("service.config", "service.data", "configuration is below the data plane"),
     ("service.config", "service.iceberg", "configuration is below the catalog side"),
     ("service.data", "service.maintenance", "maintenance is above the data plane"),
-    ("service.channel", "service.maintenance", "maintenance is above the commit protocol"),
+    ("service.commit", "service.maintenance", "maintenance is above the commit protocol"),
     ("service.pipeline", "service.maintenance", "the sink's pipeline knows nothing of maintenance"),
     ("service.maintenance", "service.pipeline", "maintenance works on tables, not on the sink's pipeline"),
     ("txnlog", "service", "the txnlog knows nothing of the service"),

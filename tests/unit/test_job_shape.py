@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = [ROOT / "service" / "job.py", *sorted((ROOT / "service" / "pipeline").glob("*.py"))]
-CHECKED += sorted((ROOT / "service" / "channel").glob("*.py"))
+CHECKED += sorted((ROOT / "service" / "commit").glob("*.py"))
 
 
 def _self_attributes(node: ast.AST) -> list[tuple[str, int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from service.config import KafkaConfig
-from service.kafka.source import client_config, jaas_credentials, task_client
+from service.kafka.lookups import client_config, jaas_credentials, task_client
 
 
 def test_scram_credentials_in_a_jaas_config_are_mapped_for_librdkafka() -> None:

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import OffsetSpec
 
-from service.kafka import ranges
-from service.kafka.ranges import RangePlan, RangeReader, cap, waits
+from service.kafka import stream_source as ranges
+from service.kafka.stream_source import RangePlan, RangeReader, cap, waits
 from service.model.offsets import Offsets, offsets_from_json
 
 

@@ -14,8 +14,8 @@ from service import spark_jars
 from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_config
 from service.iceberg.row_delta import ManifestMerge
 from service.iceberg.tables import metadata_properties
-from service.maintenance.health import TableHealth
 from service.maintenance.spark import catalog_conf
+from service.maintenance.table_health import TableHealth
 from service.maintenance.tasks import (
     Compact,
     CompactionLost,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from service.operator import command_owner
+from service.ops.common import command_owner
 
 
 def test_a_user_without_a_name_is_recorded_by_uid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ Every rule of the design that concerns commits lives here, in one place:
 * the snapshot id is chosen before the precommit and recorded with the files, so after any error or
   unknown outcome the table can be asked "did it land?" instead of committing twice: by that snapshot
   id, or, once the snapshot was expired, by the ``icesink.<sink_id>.snapshot-id`` table property set
-  in the same catalog commit (:mod:`service.channel.marks`);
+  in the same catalog commit (:mod:`service.commit.marks`);
 * a conflict (the branch moved, or a commit on another branch raised the table's sequence number) is
   never rebased blindly: reload, look for our snapshot, check we are not fenced, then build the
   snapshot again on the new metadata (which catalog answers are retried: ``service.retrying``);
@@ -27,8 +27,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 
-from service.channel.marks import commit_properties, latest_mark, property_key, property_mark
-from service.channel.pending import BatchPlan, PendingCommit
+from service.commit.marks import commit_properties, latest_mark, property_key, property_mark
+from service.commit.plan import BatchPlan, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.iceberg.tables import KnownTables

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pyiceberg.table import Table
 
-from service.channel.pending import SUMMARY_OFFSETS, SUMMARY_SEQ, SUMMARY_SINK_ID
+from service.commit.plan import SUMMARY_OFFSETS, SUMMARY_SEQ, SUMMARY_SINK_ID
 from service.model.offsets import Offsets, offsets_from_json, offsets_to_json
 
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from service.channel.committer import CommitResult, Committer
-from service.channel.pending import BatchPlan
+from service.commit.committer import CommitResult, Committer
+from service.commit.plan import BatchPlan
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
     from service.maintenance.maintainer import Maintainer
     from service.maintenance.spark import CATALOG, catalog_conf
     from service.metrics import setup_metrics
-    from service.operator import command_owner
+    from service.ops.common import command_owner
     from service.retrying import brief
     from service.spark_jars import SparkJarsError
     from service.spark_session import build_spark

@@ -2,7 +2,7 @@
 health (files, deletes, snapshots, metadata size) and last maintenance (its lease row in the txnlog).
 
 The txnlog answers for the sink (epoch, owner, phase, the committed offsets); each table's last
-commit of the sink is read from the table itself (service.channel.marks), and the lag from Kafka. A
+commit of the sink is read from the table itself (service.commit.marks), and the lag from Kafka. A
 catalog or Kafka that can't be reached leaves those fields null with the reason, never the command
 failing: status is what an operator runs when something is wrong.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.channel.marks import latest_mark
-from service.channel.pending import BatchPlan
+from service.commit.marks import latest_mark
+from service.commit.plan import BatchPlan
 from service.config import SinkConfig
 from service.maintenance.lease import last_maintenance, lease_id
 from service.model.offsets import Offsets
@@ -37,7 +37,7 @@ def _lag(config: SinkConfig, committed: Offsets, topics: set[str]) -> tuple[dict
     Kafka still holds, for a routed topic the sink never committed (a table whose changes are held,
     say) and for records retention deleted before they were read."""
     from service.kafka.lag import compute_lag
-    from service.kafka.source import SourceError, consumer, partitions, watermarks
+    from service.kafka.lookups import SourceError, consumer, partitions, watermarks
 
     try:
         parts = {t: sorted(ps) for t, ps in committed.items()}
@@ -63,9 +63,9 @@ def _lag(config: SinkConfig, committed: Offsets, topics: set[str]) -> tuple[dict
 def _from_tables(
     config: SinkConfig, tables: list[str]
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], str | None]:
-    """Each table's last commit of the sink and its health (service.maintenance.health)."""
+    """Each table's last commit of the sink and its health (service.maintenance.table_health)."""
     from service.iceberg.tables import open_catalog
-    from service.maintenance.health import table_health
+    from service.maintenance.table_health import table_health
 
     marks: dict[str, dict[str, Any]] = {}
     health: dict[str, dict[str, Any]] = {}

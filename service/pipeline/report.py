@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from service.channel.pending import PendingCommit
+from service.commit.plan import PendingCommit
 from service.metrics import SinkMetrics
 from service.pipeline.result import TableWrite
 

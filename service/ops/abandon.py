@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from service.channel.committer import find_commit, missing_files
-from service.channel.pending import BatchPlan
+from service.commit.committer import find_commit, missing_files
+from service.commit.plan import BatchPlan
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.model.offsets import Offsets
-from service.operator import command_owner
+from service.ops.common import command_owner
 from service.txnlog_client import open_txnlog
 from txnlog import Phase, SinkState
 

@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Any
 
-from service.channel.marks import latest_mark
+from service.commit.marks import latest_mark
 from service.config import SinkConfig, template_fields
 from txnlog import TransactionLog
 
@@ -45,7 +45,7 @@ def sink_tables(config: SinkConfig, catalog: Any, routes: dict[str, str]) -> lis
 
 def existing_sink_tables(config: SinkConfig, catalog: Any, log: TransactionLog) -> list[str]:
     """:func:`sink_tables` with the routes of the sink's last committed plan, those the catalog has."""
-    from service.channel.pending import BatchPlan
+    from service.commit.plan import BatchPlan
 
     state = log.state(config.sink_id)
     payload = state.committed_payload if state else None

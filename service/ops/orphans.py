@@ -133,7 +133,7 @@ def plan_files(log: TransactionLog, table: str) -> set[str]:
     paths: set[str] = set()
     for state in log.list_sinks():
         for payload in (state.payload, state.committed_payload):
-            # A plan of several tables nests one plan per table (service.channel.pending.BatchPlan).
+            # A plan of several tables nests one plan per table (service.commit.plan.BatchPlan).
             for plan in (payload or {}).get("tables") or ([payload] if payload else []):
                 if plan.get("table") != table:
                     continue
@@ -214,9 +214,9 @@ def delete_orphans(config: SinkConfig, report: OrphanReport, *, catalog: Any = N
 
 
 def find_sink_orphans(config: SinkConfig, older_than: timedelta = DEFAULT_OLDER_THAN) -> list[OrphanReport]:
-    """The orphans of every table of the sink (:func:`service.operator.sink_tables`), table by table."""
+    """The orphans of every table of the sink (:func:`service.ops.common.sink_tables`), table by table."""
     from service.iceberg.tables import open_catalog
-    from service.operator import existing_sink_tables
+    from service.ops.common import existing_sink_tables
 
     catalog = open_catalog(config)
     log = open_txnlog(config, "orphans")

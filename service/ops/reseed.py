@@ -1,7 +1,7 @@
 """``icesink txnlog reseed``: move a txnlog that went back in time to the tables' last commits.
 
 The sink refuses to start when the table holds a commit of this sink with a seq the log never
-reached (:meth:`service.channel.committer.Committer.check_log_is_current`). The table knows what that
+reached (:meth:`service.commit.committer.Committer.check_log_is_current`). The table knows what that
 commit covered: its table properties (``icesink.<sink_id>.seq``, ``.snapshot-id``, ``.offsets``) and,
 while the snapshot is kept, its summary. This command claims the sink (fencing any replica still
 running), then records that commit as the log's committed plan: the sink resumes from the offsets the
@@ -23,12 +23,12 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from service.channel.marks import Mark, latest_mark
-from service.channel.pending import BatchPlan, PendingCommit
+from service.commit.marks import Mark, latest_mark
+from service.commit.plan import BatchPlan, PendingCommit
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.model.offsets import Offsets, merge_offsets, offsets_to_json
-from service.operator import command_owner, sink_tables
+from service.ops.common import command_owner, sink_tables
 from service.txnlog_client import open_txnlog
 
 

@@ -8,7 +8,7 @@ record crosses from the JVM to Python. Spark's decoder, for a batch the Arrow de
 the records as a DataFrame read from the same ranges (:class:`service.kafka.batch.KafkaBatch`).
 
 The source's offsets have the shape of Spark's Kafka source (``{topic: {"partition": offset}}``), so
-the checkpoint's offset log is read the same way (:func:`service.kafka.source.batch_end_offsets`).
+the checkpoint's offset log is read the same way (:func:`service.kafka.lookups.batch_end_offsets`).
 The planning methods run in a Python process the driver's JVM starts: what they need travels in the
 class (:func:`source_class`), pickled by value, never through Spark options, which the plan shows.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +26,8 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from service.kafka.reader import RANGE_SCHEMA
-from service.model.offsets import Offsets, offsets_from_json, offsets_to_json
+from service.kafka.reader import RANGE_SCHEMA, OffsetRange
+from service.model.offsets import Offsets, merge_offsets, offsets_from_json, offsets_to_json
 
 logger = logging.getLogger(__name__)
 FORMAT = "icesink_kafka"
@@ -259,16 +259,10 @@ class RangeReader(DataSourceStreamReader):
         return offsets_to_json(self._last)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, stop = offsets_from_json(start), offsets_from_json(end)
-        out = []
-        for t, ps in sorted(stop.items()):
-            for p, o in sorted(ps.items()):
-                s = begin.get(t, {}).get(p)
-                if s is None:  # a partition born since the last batch: from its earliest offset
-                    s = self._resolve({}, {t: [p]})[t][p]
-                if o > s:
-                    out.append(InputPartition((t, p, s, o)))
-        return out
+        ranges = batch_ranges(
+            offsets_from_json(start), offsets_from_json(end), lambda new: self._resolve({}, new)
+        )
+        return [InputPartition((r.topic, r.partition, r.start, r.end)) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
         yield tuple(partition.value)
@@ -278,6 +272,28 @@ class RangeReader(DataSourceStreamReader):
 
     def stop(self) -> None:
         self._admin = None
+
+
+def batch_ranges(
+    start: Offsets, end: Offsets, earliest: Callable[[dict[str, list[int]]], Offsets]
+) -> list[OffsetRange]:
+    """A batch's offset ranges, from where the batch before ended (``start``) to ``end``: one range per
+    partition that moved. A partition born since the batch before has no start: it is read from its
+    earliest offset (``earliest`` looks them up).
+
+    The source plans its tasks' partitions with this, and the sink's read step the batch's ranges
+    (:mod:`service.pipeline.read`): the source's planning runs in a Python process of its own, so the
+    two can't share the result, only the rule.
+    """
+    born = {t: [p for p in ps if p not in start.get(t, {})] for t, ps in end.items()}
+    born = {t: ps for t, ps in born.items() if ps}
+    first = merge_offsets(start, earliest(born)) if born else start
+    return [
+        OffsetRange(t, p, first[t][p], o)
+        for t, ps in sorted(end.items())
+        for p, o in sorted(ps.items())
+        if o > first.get(t, {}).get(p, o)
+    ]
 
 
 def source_class(plan: RangePlan) -> type[DataSource]:

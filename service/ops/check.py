@@ -8,7 +8,7 @@ from service.config import SinkConfig
 
 
 def _kafka(config: SinkConfig) -> str:
-    from service.kafka.source import partitions
+    from service.kafka.lookups import partitions
 
     parts = partitions(config.kafka)
     return ", ".join(f"{t} ({len(p)} partitions)" for t, p in parts.items())
@@ -28,7 +28,7 @@ def _txnlog(config: SinkConfig) -> str:
 
 
 def _offsets(config: SinkConfig) -> str:
-    from service.kafka.offsets import describe
+    from service.ops.offsets_reset import describe
 
     return describe(config)
 

@@ -6,8 +6,8 @@ decoded and compacted as one (the last change per key across all of them), so th
 holds one row per key and its equality deletes apply only to older snapshots (rules 2 and 3).
 
 The period counts from the moment the buffer's first batch was buffered, and it is checked between
-micro-batches too (``SinkJob``'s run loop, service.job): Spark runs no micro-batch while no record arrives, so a
-buffer left behind when traffic stops would otherwise never be committed.
+micro-batches too (:meth:`service.pipeline.batches.Batches.idle`, from the job's run loop): Spark runs no micro-batch while no
+record arrives, so a buffer left behind when traffic stops would otherwise never be committed.
 """
 
 from __future__ import annotations

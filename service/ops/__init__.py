@@ -1,0 +1,1 @@
+"""Operator commands: check, status, orphans, abandon, reseed, offsets reset, maintain."""
