@@ -66,7 +66,7 @@ def _check(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.ops.orphans import delete_orphans, find_orphans, find_sink_orphans
+    from service.maintenance.orphans import delete_orphans, find_orphans, find_sink_orphans
 
     if not config.table.is_template:
         report = find_orphans(config, args.older_than)

@@ -33,7 +33,6 @@ from service.health import Health
 from service.iceberg.catalog import connect
 from service.iceberg.tables import KnownTables
 from service.kafka.lag import start_lag_monitor
-from service.kafka.retention import OffsetsGone
 from service.metrics import SinkMetrics, setup_metrics
 from service.pipeline import startup
 from service.pipeline.batches import Batches
@@ -97,9 +96,8 @@ class SinkJob:
         (topics a template routes by their events' source are routed once they hold records)."""
         configure_failpoints()
         self.reader.discover()
-        self.routes.add(
-            self.reader.partitions, with_records=self.reader.with_records() if self.routes.many else None
-        )
+        with_records = self.reader.with_records() if self.routes.many else None
+        self.routes.add(self.reader.partitions, with_records=with_records)
 
     def claim_and_recover(self) -> None:
         """Claim the sink (fencing older replicas), then finish what the last one left in precommit."""
@@ -137,14 +135,7 @@ class SinkJob:
         self.positions.checkpoint = checkpoint
         if until_caught_up:
             self.positions.catch_up(self.reader.partitions, watched=self.reader.tasks_read)
-        writer = self.reader.stream(spark).writeStream.foreachBatch(self._on_batch)
-        writer = writer.option("checkpointLocation", checkpoint)
-        if until_caught_up and not self.reader.tasks_read:
-            writer = writer.trigger(availableNow=True)
-        else:  # a catch-up run's range source plans nothing past the target; the loop stops there
-            period = 0.0 if until_caught_up else self.config.commit.trigger_interval.total_seconds()
-            writer = writer.trigger(processingTime=f"{period} seconds")
-        query = writer.start()
+        query = self.reader.start(spark, self._on_batch, checkpoint, until_caught_up)
         self.health.set_ready(sink_id=self.config.sink_id, epoch=self.lease.epoch)
         lag = start_lag_monitor(
             self.config, lambda: self.reader.partitions, lambda: self.positions.committed, self.metrics
@@ -159,7 +150,8 @@ class SinkJob:
         except Exception as exc:
             if self.fatal is not None:
                 raise self.fatal from None
-            self._explain_stream_failure(exc)
+            assert self.committer is not None
+            self.reader.explain_failure(exc, self.committer.committed())
             raise
         finally:
             if query.isActive:  # this loop failed (an idle flush): no batch may run after it
@@ -173,9 +165,8 @@ class SinkJob:
 
     def _loop(self, query: Any) -> None:
         """Until the query ends, a stop is requested or a catch-up run is caught up; then land the rest.
-
-        A batch that starts after a stop request fails the query on purpose (StopRequested), possibly
-        while this loop still waits: that is the graceful path too."""
+        A batch that starts after a stop request fails the query on purpose (StopRequested): that is
+        the graceful path too."""
         assert self.commit is not None and self.batches is not None
         commit, batches = self.commit, self.batches
         caught_up = self.positions.caught_up
@@ -216,24 +207,6 @@ class SinkJob:
                 except BaseException as exc:
                     self._failed(exc)
                     raise
-
-    def _explain_stream_failure(self, exc: Exception) -> None:
-        """Raise :class:`OffsetsGone` if that is why the stream failed.
-
-        Spark's source fails a batch whose offsets Kafka no longer holds (retention deleted records
-        the sink had not read yet while it ran): that is not a crash to restart from, since every
-        restart would fail the same way.
-        """
-        assert self.committer is not None
-        try:
-            committed = self.committer.committed()
-            self.reader.check_committed(
-                committed.offsets if committed else None, committed.topic_ids if committed else {}
-            )
-        except OffsetsGone as gone:
-            raise gone from exc
-        except Exception as check_failed:
-            logger.warning("could not check the committed offsets after the failure: %s", check_failed)
 
     def _on_batch(self, frame: DataFrame, batch_id: int) -> None:
         """Spark's foreachBatch: read the batch, hand it on; the run loop is told it happened."""

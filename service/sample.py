@@ -83,10 +83,11 @@ class SampleSource:
     table: str = "shop.public.customers"
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)
+    rng: random.Random = field(init=False)
+    clock: datetime = field(init=False, default=datetime(2026, 1, 1))
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.clock = datetime(2026, 1, 1)
 
     def _row(self, key: int) -> dict[str, Any]:
         version = self.versions.get(key, 0) + 1

@@ -3,7 +3,7 @@
 Knows nothing of Spark, Kafka or Iceberg. See docs/txnlog.md.
 """
 
-from .errors import (
+from txnlog.errors import (
     Fenced,
     InvalidPhase,
     LockLost,
@@ -13,11 +13,11 @@ from .errors import (
     TxnLogError,
     Unavailable,
 )
-from .log import CommitHandle, TransactionLog
-from .model import Action, HistoryEntry, Lease, Phase, SinkState
-from .retry import RetryPolicy
-from .schema import LATEST_VERSION as SCHEMA_VERSION
-from .settings import SessionSettings
+from txnlog.log import CommitHandle, TransactionLog
+from txnlog.model import Action, HistoryEntry, Lease, Phase, SinkState
+from txnlog.retry import RetryPolicy
+from txnlog.schema import LATEST_VERSION as SCHEMA_VERSION
+from txnlog.settings import SessionSettings
 
 __all__ = [
     "SCHEMA_VERSION",

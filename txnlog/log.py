@@ -23,13 +23,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 
-from .dsn import masked, parse_dsn, scrub
-from .errors import LockLost, LockTimeout, TxnLogError, Unavailable
-from .model import Action, HistoryEntry, JSONDict, Lease, Phase, SinkState
-from .retry import RetryPolicy, driver_error, is_lock_timeout, is_transient, run_with_retry
-from .schema import ensure_schema, tables
-from .settings import SessionSettings
-from .transitions import (
+from txnlog.dsn import masked, parse_dsn, scrub
+from txnlog.errors import LockLost, LockTimeout, TxnLogError, Unavailable
+from txnlog.model import Action, HistoryEntry, JSONDict, Lease, Phase, SinkState
+from txnlog.retry import RetryPolicy, driver_error, is_lock_timeout, is_transient, run_with_retry
+from txnlog.schema import ensure_schema, tables
+from txnlog.settings import SessionSettings
+from txnlog.transitions import (
     Change,
     plan_abort,
     plan_commit,

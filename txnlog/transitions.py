@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import Fenced, InvalidPhase, SinkNotFound, TxnLogError
-from .model import Action, JSONDict, Lease, Phase, SinkState
+from txnlog.errors import Fenced, InvalidPhase, SinkNotFound, TxnLogError
+from txnlog.model import Action, JSONDict, Lease, Phase, SinkState
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ class Maintainer:
         self.stop = stop or threading.Event()
 
     def tables(self) -> list[str]:
-        from service.ops.common import existing_sink_tables
+        from service.commit.sink_tables import existing_sink_tables
 
         return existing_sink_tables(self.config, self.catalog, self.log)
 

@@ -2,7 +2,7 @@
 
 Spark's Iceberg procedures and Iceberg's own Java API do the work (design brief: do not re-implement
 them). icesink deletes files itself in two places: data-location orphans, because only the txnlog
-knows which unreferenced files a pending plan still needs (:mod:`service.ops.orphans`), and the files
+knows which unreferenced files a pending plan still needs (:mod:`service.maintenance.orphans`), and the files
 Iceberg's snapshot expiry names, which it counts before deleting them in one bulk request.
 
 Why the defaults are safe next to a running sink:
@@ -410,7 +410,7 @@ class RemoveOrphans(Task):
         return None
 
     def run(self, ctx: TaskContext) -> TaskResult:
-        from service.ops.orphans import delete_orphans, find_orphans
+        from service.maintenance.orphans import delete_orphans, find_orphans
 
         cfg = ctx.settings.orphans
         self.last_run[ctx.identifier] = datetime.now(UTC)

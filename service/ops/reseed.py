@@ -25,10 +25,11 @@ from pyiceberg.catalog import Catalog
 
 from service.commit.marks import Mark, latest_mark
 from service.commit.plan import BatchPlan, PendingCommit
+from service.commit.sink_tables import sink_tables
 from service.config import SinkConfig
 from service.iceberg.tables import open_catalog
 from service.model.offsets import Offsets, merge_offsets, offsets_to_json
-from service.ops.common import command_owner, sink_tables
+from service.ops.common import command_owner
 from service.txnlog_client import open_txnlog
 
 

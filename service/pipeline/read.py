@@ -10,12 +10,15 @@ runs would otherwise be read from the old offsets.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
+from service.commit.plan import BatchPlan
 from service.config import SinkConfig
 from service.kafka.batch import KafkaBatch
 from service.kafka.lookups import (
@@ -71,18 +74,50 @@ class Reader:
         ends = end_offsets(self.config.kafka, self.partitions)
         return {t for t, ps in ends.items() if any(o > 0 for o in ps.values())}
 
-    def check_committed(self, committed: Offsets | None, committed_ids: dict[str, str]) -> None:
-        """Raise :class:`OffsetsGone` when Kafka no longer holds what the committed offsets point at."""
+    def check_committed(self, committed: BatchPlan | None) -> None:
+        """Raise :class:`OffsetsGone` when Kafka no longer holds what the committed plan points at."""
+        if committed is None:
+            return
         parts = partitions(self.config.kafka)
         assert self._admin is not None, "discover() first"
         current = topic_ids(self._admin, list(parts))
-        check_committed(self.config.sink_id, self.config.kafka, parts, current, committed, committed_ids)
+        kafka = self.config.kafka
+        check_committed(self.config.sink_id, kafka, parts, current, committed.offsets, committed.topic_ids)
 
     # -- the stream ------------------------------------------------------------------------------------
 
-    def stream(self, spark: SparkSession) -> DataFrame:
-        """The streaming DataFrame, from the committed offsets."""
-        return self._task_source(spark) if self.tasks_read else self._spark_source(spark)
+    def start(
+        self,
+        spark: SparkSession,
+        on_batch: Callable[[DataFrame, int], None],
+        checkpoint: str,
+        until_caught_up: bool,
+    ) -> StreamingQuery:
+        """Start the stream from the committed offsets; ``on_batch`` gets each micro-batch. A catch-up
+        run ends with Spark's source (``availableNow``), or, the range source planning nothing past
+        the target, where the job's run loop sees every partition there."""
+        stream = self._task_source(spark) if self.tasks_read else self._spark_source(spark)
+        writer = stream.writeStream.foreachBatch(on_batch).option("checkpointLocation", checkpoint)
+        if until_caught_up and not self.tasks_read:
+            writer = writer.trigger(availableNow=True)
+        else:
+            period = 0.0 if until_caught_up else self.config.commit.trigger_interval.total_seconds()
+            writer = writer.trigger(processingTime=f"{period} seconds")
+        return writer.start()
+
+    def explain_failure(self, exc: Exception, committed: BatchPlan | None) -> None:
+        """Raise :class:`OffsetsGone` if that is why the stream failed.
+
+        Spark's source fails a batch whose offsets Kafka no longer holds (retention deleted records
+        the sink had not read yet while it ran): that is not a crash to restart from, since every
+        restart would fail the same way.
+        """
+        try:
+            self.check_committed(committed)
+        except OffsetsGone as gone:
+            raise gone from exc
+        except Exception as check_failed:
+            logger.warning("could not check the committed offsets after the failure: %s", check_failed)
 
     def _spark_source(self, spark: SparkSession) -> DataFrame:
         """Spark's Kafka source: the JVM reads the records (``source.reader: spark``)."""

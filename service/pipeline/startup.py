@@ -82,7 +82,7 @@ def recover(
         )
     committer.recover()
     committed = committer.committed()
-    reader.check_committed(committed.offsets if committed else None, committed.topic_ids if committed else {})
+    reader.check_committed(committed)
     positions.resume(committed.offsets if committed else {})
     if (latest := positions.latest_to_record(reader.partitions)) is None:
         return

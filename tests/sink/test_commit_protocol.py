@@ -21,9 +21,9 @@ from service.commit.committer import Committer, find_commit
 from service.commit.plan import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
 from service.failpoints import configure as configure_failpoints
+from service.maintenance.orphans import list_files
 from service.metrics import noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
-from service.ops.orphans import list_files
 from tests.sink.expect import assert_seqs_increasing, send_txnlog_back
 from txnlog import Fenced, Phase, TransactionLog
 

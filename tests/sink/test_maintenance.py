@@ -65,7 +65,7 @@ def _maintain(sink: Sink, *args: str, env: dict[str, str | None] | None = None) 
 
 
 def _metadata_files(sink: Sink) -> list[str]:
-    from service.ops.orphans import list_files
+    from service.maintenance.orphans import list_files
 
     table = _catalog(sink).load_table(sink.table)
     listed = list_files(table.io, table.metadata.location.rstrip("/") + "/metadata")

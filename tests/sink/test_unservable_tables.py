@@ -23,8 +23,8 @@ from readers import duckdb_rows, spark_rows
 from service.cli import EXIT_CONFIG, EXIT_OK
 from service.commit.plan import PendingCommit
 from service.failpoints import KILL_EXIT_CODE
+from service.maintenance.orphans import data_location, list_files
 from service.model.columns import column_from_config, iceberg_schema
-from service.ops.orphans import data_location, list_files
 from service.sample import table_columns
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, topic_records

@@ -190,7 +190,7 @@ def test_many_table_errors_name_the_key(raw: dict[str, Any], message: str) -> No
 
 
 def test_a_templates_namespace_is_split_at_its_last_dot_outside_braces() -> None:
-    from service.ops.common import _split
+    from service.commit.sink_tables import _split
 
     assert _split("lake.{source.table}") == ("lake", "{source.table}")
     assert _split("{source.schema}.{source.table}") == ("{source.schema}", "{source.table}")

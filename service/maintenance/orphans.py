@@ -214,9 +214,9 @@ def delete_orphans(config: SinkConfig, report: OrphanReport, *, catalog: Any = N
 
 
 def find_sink_orphans(config: SinkConfig, older_than: timedelta = DEFAULT_OLDER_THAN) -> list[OrphanReport]:
-    """The orphans of every table of the sink (:func:`service.ops.common.sink_tables`), table by table."""
+    """The orphans of every table of the sink (:func:`service.commit.sink_tables.sink_tables`), table by table."""
+    from service.commit.sink_tables import existing_sink_tables
     from service.iceberg.tables import open_catalog
-    from service.ops.common import existing_sink_tables
 
     catalog = open_catalog(config)
     log = open_txnlog(config, "orphans")
