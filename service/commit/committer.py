@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 class CommitResult:
     seq: int
     attempts: int  # catalog commit attempts, summed over the tables
-    resumed: bool = False
-    snapshot_ids: dict[str, int] = field(default_factory=dict)  # table → the snapshot committed
 
 
 def find_commit(table: Table, sink_id: str, snapshot_id: int) -> str | None:
@@ -166,7 +164,7 @@ class Committer:
         writes = [t for t in plan.tables if t.has_files]
         if not writes:
             self.log.commit(self.lease, seq=seq)
-            return CommitResult(seq, 0, resumed)
+            return CommitResult(seq, 0)
 
         def commit_locked() -> int:
             with self.log.committing(self.lease, seq=seq) as handle:
@@ -212,8 +210,7 @@ class Committer:
             on_failure=lock_lost,
         )
         failpoint("after_log_commit")
-        snapshots = {p.table: p.snapshot_id for p in writes if p.snapshot_id is not None}
-        return CommitResult(seq, attempts, resumed, snapshots)
+        return CommitResult(seq, attempts)
 
     def _commit_to_iceberg(
         self,
