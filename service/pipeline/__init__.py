@@ -1,8 +1,8 @@
-"""One table's batch, start to plan: decode → last change per key → files → a :class:`TableWrite`.
+"""The sink's batch steps, each in its own module with one result, in the order a batch takes them.
 
-The job (``service.job``) owns the stream, the cadence and the commit; it hands a batch's Kafka rows
-to a :class:`~service.pipeline.table.TablePipeline` and gets back one
-:class:`~service.pipeline.result.TableWrite`, which becomes the plan the committer lands
-(``service.commit``). The schema a table's events carry is followed by
-:class:`~service.pipeline.schemas.SchemaTracker`.
+``read`` (a :class:`~service.pipeline.read.Batch`) → ``batches`` (written now, or buffered by the
+cadence) → ``write`` (each table's :class:`~service.pipeline.table.TablePipeline` gives a
+:class:`~service.pipeline.result.TableWrite`) → one :class:`~service.pipeline.outcome.BatchOutcome`
+→ ``commit`` (the plan, :mod:`service.commit`, and the report). ``positions`` owns every offset rule,
+``startup`` what happens between the claim and the stream. docs/architecture.md draws it.
 """
