@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    from service.kafka.batch import KafkaBatch
+    from service.kafka.records import KafkaRecords
     from service.kafka.stream_source import batch_ranges
 
     stack = load_stack()
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     client = {"bootstrap.servers": stack.kafka, "isolation.level": "read_committed"}
     spark = spark_session(stack)
     ranges = batch_ranges({topic: {0: 0, 1: 0}}, {topic: ends}, lambda _: {})
-    batch = KafkaBatch.of_ranges(spark, ranges, client, args.chunk)
+    batch = KafkaRecords.of_ranges(spark, ranges, client, args.chunk)
     options: dict[str, Callable[[], list[Any]]] = {
         "spark-source": lambda: (
             spark.read.format("kafka")

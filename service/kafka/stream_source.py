@@ -5,7 +5,7 @@ per range), but the source's rows are ranges, not records: one row ``(topic, par
 per partition that moved. The tasks of the batch's own job read their range with librdkafka
 (:mod:`service.kafka.reader`) where they decode it, so no JVM Kafka consumer reads the records and no
 record crosses from the JVM to Python. Spark's decoder, for a batch the Arrow decoder declines, gets
-the records as a DataFrame read from the same ranges (:class:`service.kafka.batch.KafkaBatch`).
+the records as a DataFrame read from the same ranges (:class:`service.kafka.records.KafkaRecords`).
 
 The source's offsets have the shape of Spark's Kafka source (``{topic: {"partition": offset}}``), so
 the checkpoint's offset log is read the same way (:func:`service.kafka.lookups.batch_end_offsets`).

@@ -10,7 +10,7 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from service.kafka.batch import KafkaBatch
+from service.kafka.records import KafkaRecords
 from service.model.offsets import merge_offsets
 from service.pipeline.cadence import Buffer, CommitCadence
 from service.pipeline.read import Batch
@@ -64,7 +64,7 @@ class Batches:
         buffer, self.buffer = self.buffer, Buffer()
         if not buffer.frames:
             return
-        records = KafkaBatch(reduce(DataFrame.unionAll, buffer.frames))
+        records = KafkaRecords(reduce(DataFrame.unionAll, buffer.frames))
         try:
             self.writer.write(Batch(records, buffer.offsets, topic_ids, buffer.newest), arrow=False)
         finally:

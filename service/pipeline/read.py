@@ -20,7 +20,6 @@ from pyspark.sql.streaming import StreamingQuery
 
 from service.commit.plan import BatchPlan
 from service.config import SinkConfig
-from service.kafka.batch import KafkaBatch
 from service.kafka.lookups import (
     SourceError,
     admin,
@@ -30,6 +29,7 @@ from service.kafka.lookups import (
     task_client,
     topic_ids,
 )
+from service.kafka.records import KafkaRecords
 from service.kafka.retention import OffsetsGone, check_committed, recreated
 from service.kafka.stream_source import FORMAT, RangePlan, source_class
 from service.model.offsets import Offsets
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 class Batch:
     """One micro-batch's records, where it ends, and the ids of the topics its offsets belong to."""
 
-    records: KafkaBatch
+    records: KafkaRecords
     end: Offsets
     topic_ids: dict[str, str]
     newest: datetime | None = None  # the newest record's Kafka timestamp, when known (buffered batches)
@@ -177,9 +177,9 @@ class Reader:
             self.topic_ids = {**self.topic_ids, **topic_ids(self._admin, new)}
             self.positions.topics_born(self.partitions, new)
         if not self.tasks_read:
-            records = KafkaBatch(frame)
+            records = KafkaRecords(frame)
         else:
-            records = KafkaBatch.of_ranges(
+            records = KafkaRecords.of_ranges(
                 frame.sparkSession,
                 self.positions.batch_ranges(batch_id, end),
                 task_client(self.config.kafka),

@@ -43,8 +43,8 @@ from service.iceberg.tables import (
     parse_partition_field,
 )
 from service.kafka import dead_letter
-from service.kafka.batch import KafkaBatch
 from service.kafka.lookups import Peek, peek
+from service.kafka.records import KafkaRecords
 from service.metrics import SinkMetrics
 from service.model.columns import (
     Column,
@@ -201,7 +201,7 @@ class TablePipeline:
     def arrow_ready(self) -> bool:
         return self.schemas.arrow_ready()
 
-    def write_arrow(self, records: KafkaBatch, offsets: Offsets) -> TableWrite | None:
+    def write_arrow(self, records: KafkaRecords, offsets: Offsets) -> TableWrite | None:
         """The batch through the one-job Arrow path; None if the Arrow decoder declined it."""
         started = time.monotonic()
         try:
@@ -326,7 +326,7 @@ class TablePipeline:
         check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
         return arrow_batch.TableSpec(spec, topics, check_schemas)
 
-    def _arrow_run(self, records: KafkaBatch) -> arrow_batch.ArrowBatch:
+    def _arrow_run(self, records: KafkaRecords) -> arrow_batch.ArrowBatch:
         table_spec = self.arrow_spec([])
         return arrow_batch.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
 
@@ -428,7 +428,7 @@ class ArrowTables:
     held: dict[str, arrow_batch.ArrowBatch] = field(default_factory=dict)
 
 
-def arrow_input(records: KafkaBatch) -> DataFrame | arrow_batch.Ranges:
+def arrow_input(records: KafkaRecords) -> DataFrame | arrow_batch.Ranges:
     """What the Arrow path's tasks read: the batch's offset ranges when the source planned them (Spark's
     rows of them are then never planned), else the rows of Spark's source."""
     if records.ranges is None or records.read is None or records.spark is None:
@@ -437,7 +437,7 @@ def arrow_input(records: KafkaBatch) -> DataFrame | arrow_batch.Ranges:
 
 
 def write_arrow_tables(
-    records: KafkaBatch,
+    records: KafkaRecords,
     tables: dict[str, tuple[TablePipeline, list[str], Offsets]],
     hold: frozenset[str] | set[str] = frozenset(),
 ) -> ArrowTables:

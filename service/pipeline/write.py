@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from service.config import SinkConfig
 from service.kafka import dead_letter
-from service.kafka.batch import KafkaBatch
+from service.kafka.records import KafkaRecords
 from service.metrics import SinkMetrics
 from service.model.offsets import Offsets
 from service.pipeline.commit import CommitStep
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 class _Records:
     """A batch's records, kept (persisted) once a second path or table's job reads them again."""
 
-    def __init__(self, batch: KafkaBatch) -> None:
+    def __init__(self, batch: KafkaRecords) -> None:
         self.batch = batch
         self.kept = False
 
@@ -137,7 +137,7 @@ class BatchWriter:
         return pipeline.write_spark(self._of(records.batch, topics).rows, mine, batch.newest)
 
     def _arrow_tables(
-        self, records: KafkaBatch, touched: dict[str, list[str]], offsets: Offsets, batch: Batch
+        self, records: KafkaRecords, touched: dict[str, list[str]], offsets: Offsets, batch: Batch
     ) -> ArrowTables:
         """The tables of a batch the Arrow path can take, written (or, for a table whose changes are
         held, decoded) in one Spark job; the others (and any it declined) are left to Spark's path,
@@ -248,10 +248,10 @@ class BatchWriter:
         table's last commit then says where each of its topics stands, which reseed relies on)."""
         return {t: offsets[t] for t in self.routes.topics_of(identifier) if t in offsets}
 
-    def _of(self, records: KafkaBatch, topics: list[str]) -> KafkaBatch:
+    def _of(self, records: KafkaRecords, topics: list[str]) -> KafkaRecords:
         return records.of_topics(topics) if self.routes.many else records
 
-    def _dead_letter_table(self, identifier: str, records: KafkaBatch) -> None:
+    def _dead_letter_table(self, identifier: str, records: KafkaRecords) -> None:
         """An isolated table's records of this batch, to the dead-letter topic with the reason."""
         reason = f"table {identifier} isolated: {self.routes.isolated[identifier]}"
         sent = dead_letter.send(

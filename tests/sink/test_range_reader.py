@@ -11,8 +11,8 @@ from pyspark import TaskContext
 
 from service.data.arrow_batch import Output, Ranges
 from service.kafka import reader
-from service.kafka.batch import ranges_frame
 from service.kafka.reader import OffsetRange, read_range
+from service.kafka.records import ranges_frame
 
 
 def _topics(bootstrap: str, names: list[str]) -> None:

@@ -127,9 +127,9 @@ def test_the_checker_refuses_upward_sideways_and_relative_imports() -> None:
     """A guard on the rules: each kind of import the layering refuses is reported."""
     assert _problems("service.metrics", 1, "service.maintenance.table_health", "m.py")
     assert _problems("service.data.files", 1, "service.iceberg.tables", "d.py")
-    assert _problems("service.kafka.batch", 1, "service.commit.plan", "k.py")
+    assert _problems("service.kafka.records", 1, "service.commit.plan", "k.py")
     assert _problems("service.pipeline.write", 1, "service.job", "p.py")
     assert _problems("service.ops.check", 1, ".common", "o.py")
     assert _problems("txnlog.log", 1, "service.config", "t.py")
-    assert not _problems("service.pipeline.write", 1, "service.kafka.batch", "p.py")
+    assert not _problems("service.pipeline.write", 1, "service.kafka.records", "p.py")
     assert not _problems("service.cli", 1, "service.job", "c.py")

@@ -46,7 +46,7 @@ def ranges_frame(spark: SparkSession, ranges: Sequence[OffsetRange]) -> DataFram
 
 
 @dataclass(frozen=True)
-class KafkaBatch:
+class KafkaRecords:
     """``rows``: the records as Spark's Kafka source gives them (key, value, topic, partition, offset,
     timestamp), what Spark's decoder and the dead-letter writer read. With the task reader
     (:mod:`service.kafka.stream_source`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
@@ -71,7 +71,7 @@ class KafkaBatch:
     @classmethod
     def of_ranges(
         cls, spark: SparkSession, ranges: Sequence[OffsetRange], client: dict[str, Any], chunk_records: int
-    ) -> KafkaBatch:
+    ) -> KafkaRecords:
         """The batch of ``ranges`` (:func:`service.kafka.stream_source.batch_ranges`), which its tasks
         read one by one.
 
@@ -82,7 +82,7 @@ class KafkaBatch:
         """
         return cls(None, tuple(ranges), partial(_read_range, client, chunk_records), spark)
 
-    def of_topics(self, topics: list[str]) -> KafkaBatch:
+    def of_topics(self, topics: list[str]) -> KafkaRecords:
         def only(frame: DataFrame) -> DataFrame:
             return frame.where(F.col("topic").isin(topics))
 
@@ -92,7 +92,7 @@ class KafkaBatch:
             ranges=None if self.ranges is None else tuple(r for r in self.ranges if r.topic in topics),
         )
 
-    def persist(self) -> KafkaBatch:
+    def persist(self) -> KafkaRecords:
         """The rows kept after their first read (Spark's path reads them several times)."""
         return replace(self, spark_rows=self.rows.persist())
 

@@ -7,8 +7,8 @@ from typing import Any, cast
 from pyspark.sql import SparkSession
 
 from service.data.arrow_batch import Ranges
-from service.kafka.batch import KafkaBatch
 from service.kafka.reader import OffsetRange
+from service.kafka.records import KafkaRecords
 from service.pipeline.table import arrow_input
 
 
@@ -30,8 +30,8 @@ class _Spark:
 RANGES = (OffsetRange("a", 0, 0, 5), OffsetRange("b", 1, 3, 4))
 
 
-def _batch(spark: _Spark) -> KafkaBatch:
-    return KafkaBatch(None, RANGES, read=lambda r: iter(()), spark=cast(SparkSession, spark))
+def _batch(spark: _Spark) -> KafkaRecords:
+    return KafkaRecords(None, RANGES, read=lambda r: iter(()), spark=cast(SparkSession, spark))
 
 
 def test_the_arrow_path_takes_the_ranges_without_planning_spark_rows_of_them() -> None:
