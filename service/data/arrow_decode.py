@@ -1,6 +1,6 @@
 """Debezium JSON → typed Arrow columns inside a Python worker: the fast decoder.
 
-The Spark decoder (:mod:`service.data.debezium`) checks every field of every record and names what is
+The Spark decoder (:mod:`service.data.spark_decode`) checks every field of every record and names what is
 wrong, with a dozen Spark expressions per column that Spark plans and compiles again for every
 micro-batch; at the batch sizes of a streaming sink that fixed cost dominates. Most batches have nothing
 wrong with them. This decoder parses a whole batch with pyarrow's JSON reader and converts it with
@@ -49,7 +49,8 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data import temporal
-from service.data.debezium import (
+from service.data.files import DELETE_OP, OP_COLUMN
+from service.data.spark_decode import (
     CHANGE_ORDER,
     KAFKA_POSITION,
     SOURCE_COLUMNS,
@@ -64,7 +65,6 @@ from service.data.debezium import (
     unscaled_decimal,
     variable_scale_text,
 )
-from service.data.files import DELETE_OP, OP_COLUMN
 from service.model.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 
 _UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -567,7 +567,7 @@ def decode(
     if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
         raise Declined("a create/update event without an 'after' image")
 
-    julian = temporal.arrow_julian_snapshot(source)  # see debezium._julian_mark
+    julian = temporal.arrow_julian_snapshot(source)  # see spark_decode._julian_mark
     julian_lists = temporal.arrow_julian_snapshot(source, streamed_too=True)
     no_julian = np.zeros(len(julian), dtype=bool)
     key_payload = _column(key_table, "payload")
@@ -624,7 +624,7 @@ def _with_carried_sources(rows: pa.Table, key: list[str]) -> tuple[pa.Table, dic
 
 
 def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
-    """The last change of every key, in the order of :func:`service.data.debezium.latest_per_key`:
+    """The last change of every key, in the order of :func:`service.data.spark_decode.latest_per_key`:
     source position (a row without one takes that of the closest earlier change of its key in its
     partition), then offset; topic and partition only make ties across partitions deterministic."""
     if rows.num_rows == 0:
