@@ -49,14 +49,17 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data import temporal
-from service.data.files import DELETE_OP, OP_COLUMN
-from service.data.spark_decode import (
+from service.data.envelope import (
     CHANGE_ORDER,
+    EXACT,
     KAFKA_POSITION,
+    MAX_LONG_DIGITS,
     SOURCE_COLUMNS,
     SOURCE_FIELDS,
+    STRICT_BASE64,
     TOMBSTONE_EVENT,
     TRUNCATE_OP,
+    UUID_PATTERN,
     VALID_OPS,
     as_text_column,
     column_wire_type,
@@ -65,9 +68,9 @@ from service.data.spark_decode import (
     unscaled_decimal,
     variable_scale_text,
 )
+from service.data.files import DELETE_OP, OP_COLUMN
 from service.model.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 
-_UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _RANK = "__icesink_rank"
 
 # The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
@@ -230,7 +233,7 @@ _SEXTETS[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
     np.arange(64, dtype=np.uint8)
 )
 _SEXTETS[ord("=")] = 0
-_STRICT_BASE64_RE2 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_STRICT_BASE64_RE2 = f"^{STRICT_BASE64}$"
 
 
 def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | None:
@@ -284,7 +287,7 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
     t = column.type
     assert isinstance(t, DecimalType)
     target = pa.decimal128(t.precision, t.scale)
-    if t.precision > 18:
+    if t.precision > MAX_LONG_DIGITS:
         unscaled = _unscaled(wire, column, 10**t.precision)
         return pa.array([None if u is None else unscaled_decimal(u, t.scale) for u in unscaled], target)
     # Up to 18 digits the unscaled value is an int64: lay it out as Arrow's 128-bit little-endian
@@ -300,7 +303,6 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
 
 # Digits with an optional fraction and exponent (money comes as a double's text: 1.234567891E7).
 _DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?")
-_DECIMAL_CONTEXT = decimal.Context(prec=100, traps=[decimal.Inexact, decimal.InvalidOperation])
 
 
 def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
@@ -320,7 +322,7 @@ def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
         if value.copy_abs() >= limit:  # abs() would round to the context's 28 digits
             raise Declined(f"column {column.name}: a decimal out of range for {t}")
         try:
-            out.append(_DECIMAL_CONTEXT.quantize(value, quantum))
+            out.append(EXACT.quantize(value, quantum))
         except decimal.DecimalException:
             raise Declined(f"column {column.name}: a decimal that {t} holds only rounded") from None
     return pa.array(out, pa.decimal128(t.precision, t.scale))
@@ -372,7 +374,7 @@ def convert(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
         if enc in temporal.TEMPORAL:
             return temporal.arrow_convert(column, wire, julian, target)
         if enc is Encoding.UUID_TEXT:
-            if pc.any(pc.invert(pc.match_substring_regex(wire, _UUID_RE2))).as_py():
+            if pc.any(pc.invert(pc.match_substring_regex(wire, UUID_PATTERN))).as_py():
                 raise Declined(f"column {name}: a value that is not a UUID")
             return pc.utf8_lower(wire)
         if isinstance(column.type, FloatType):

@@ -31,8 +31,9 @@ from pyspark.sql import functions as F
 from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_batch
 from service.data.arrow_decode import Declined
+from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, writable, write_partition
-from service.data.spark_decode import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS, decode, latest_per_key
+from service.data.spark_decode import decode, latest_per_key
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,

@@ -17,8 +17,8 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
+from service.data.envelope import ERROR_COLUMN, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN
-from service.data.spark_decode import ERROR_COLUMN, SOURCE_COLUMNS
 from service.data.spark_decode import decode as spark_decode
 from service.model.columns import Column
 

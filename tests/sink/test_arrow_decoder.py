@@ -24,7 +24,7 @@ from pyiceberg.types import StringType
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
-from service.data.spark_decode import ERROR_COLUMN
+from service.data.envelope import ERROR_COLUMN
 from service.data.spark_decode import decode as spark_decode
 from service.data.spark_decode import latest_per_key as spark_latest_per_key
 from service.model.columns import Column, Encoding, column_from_config, list_of
