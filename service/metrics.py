@@ -5,6 +5,9 @@ namespace, UCUM units (``s``, ``By``, ``{record}``), no unit in the name (export
 Prometheus name of ``icesink.commit.duration`` is ``icesink_commit_duration_seconds``), counts of things
 plural, ``error.type`` and ``messaging.destination.*`` where a convention exists. Every metric carries
 ``icesink.sink_id`` and ``icesink.table``. docs/metrics.md lists every metric; keep the two in step.
+
+This module sits below everything that reports to it: it imports only the configuration. What it
+reports of maintenance comes in as the protocols ``TaskCounts`` and ``TableFigures``.
 """
 
 from __future__ import annotations
@@ -12,20 +15,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import Counter, Histogram, ObservableGauge, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from service.config import MetricsConfig
-
-if TYPE_CHECKING:
-    from service.maintenance.table_health import TableHealth
-    from service.maintenance.tasks import TaskResult
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -37,36 +36,227 @@ ATTRIBUTE_NAMES = {
     "task": "icesink.maintenance.task",  # compact, expire_snapshots, rewrite_manifests, remove_orphans, ...
 }
 
-# Every instrument: name -> (kind, unit). tests/ops checks the docs and the exporters against it.
-INSTRUMENTS: dict[str, tuple[str, str]] = {
-    "icesink.iceberg.written": ("counter", "By"),
-    "icesink.iceberg.files": ("counter", "{file}"),
-    "icesink.write.duration": ("histogram", "s"),
-    "icesink.commit.duration": ("histogram", "s"),
-    "icesink.commits": ("counter", "{commit}"),
-    "icesink.commit.failures": ("counter", "{failure}"),
-    "icesink.fenced": ("counter", "{event}"),
-    "icesink.records": ("counter", "{record}"),
-    "icesink.dead_letters": ("counter", "{record}"),
-    "icesink.dead_letters.failed": ("counter", "{record}"),
-    "icesink.batches.declined": ("counter", "{batch}"),
-    "icesink.tables.isolated": ("counter", "{event}"),
-    "icesink.kafka.lag": ("gauge", "{record}"),
-    "icesink.freshness": ("gauge", "s"),
-    "icesink.tables.held": ("gauge", "{record}"),
-    "icesink.maintenance.duration": ("histogram", "s"),
-    "icesink.maintenance.files": ("counter", "{file}"),
-    "icesink.maintenance.rewritten": ("counter", "By"),
-    "icesink.maintenance.snapshots_expired": ("counter", "{snapshot}"),
-    "icesink.maintenance.failures": ("counter", "{failure}"),
-    "icesink.table.files": ("gauge", "{file}"),
-    "icesink.table.snapshots": ("gauge", "{snapshot}"),
-    "icesink.table.metadata.size": ("gauge", "By"),
-}
+
+class TaskCounts(Protocol):
+    """What one maintenance task changed (service.maintenance.tasks.TaskResult is one)."""
+
+    @property
+    def files_rewritten(self) -> int: ...
+    @property
+    def files_added(self) -> int: ...
+    @property
+    def files_removed(self) -> int: ...
+    @property
+    def bytes_rewritten(self) -> int: ...
+    @property
+    def snapshots_expired(self) -> int: ...
+
+
+class TableFigures(Protocol):
+    """A table's figures the table gauges report (service.maintenance.health.TableHealth is one)."""
+
+    @property
+    def table(self) -> str: ...
+    @property
+    def data_files(self) -> int: ...
+    @property
+    def delete_files(self) -> int: ...
+    @property
+    def snapshots(self) -> int: ...
+    @property
+    def metadata_bytes(self) -> int: ...
+
+
+_I = TypeVar("_I")
+_Observe = Callable[["SinkMetrics"], Iterable[Observation]]
+
+
+class Instrument(Generic[_I]):
+    """One instrument, declared once as a class attribute of SinkMetrics: its name, kind, unit and
+    description. Each SinkMetrics creates its own in ``__init__`` and holds it under the same attribute
+    name (``metrics.commits``); gauges are observed through ``observe`` when the exporter collects."""
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        unit: str,
+        description: str,
+        observe: _Observe | None = None,
+        starts_at_zero: bool = False,
+    ) -> None:
+        self.kind = kind  # counter, histogram or gauge
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.observe = observe
+        # Exported at 0 from the start, so an alert on its increase has a series before the first event.
+        self.starts_at_zero = starts_at_zero
+        self.attribute = ""
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        self.attribute = attribute
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Instrument[_I]: ...
+    @overload
+    def __get__(self, obj: object, owner: type) -> _I: ...
+    def __get__(self, obj: object, owner: type) -> Instrument[_I] | _I:
+        if obj is None:
+            return self
+        # SinkMetrics.__init__ sets the instance's own instrument, which Python finds before this.
+        raise AttributeError(f"{type(obj).__name__} has no instrument {self.attribute} yet")
+
+    def create(self, meter: metrics.Meter, sink: SinkMetrics) -> _I:
+        made: Any
+        if self.kind == "counter":
+            made = meter.create_counter(self.name, unit=self.unit, description=self.description)
+            if self.starts_at_zero:
+                made.add(0, sink.attrs())
+        elif self.kind == "histogram":
+            made = meter.create_histogram(
+                self.name,
+                unit=self.unit,
+                description=self.description,
+                explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            )
+        else:
+            observe = self.observe
+            assert observe is not None, self.name
+            made = meter.create_observable_gauge(
+                self.name,
+                callbacks=[lambda _options: observe(sink)],
+                unit=self.unit,
+                description=self.description,
+            )
+        return cast(_I, made)
+
+
+def _counter(name: str, unit: str, description: str, starts_at_zero: bool = False) -> Instrument[Counter]:
+    return Instrument("counter", name, unit, description, starts_at_zero=starts_at_zero)
+
+
+def _histogram(name: str, unit: str, description: str) -> Instrument[Histogram]:
+    return Instrument("histogram", name, unit, description)
+
+
+def _gauge(name: str, unit: str, description: str, observe: _Observe) -> Instrument[ObservableGauge]:
+    return Instrument("gauge", name, unit, description, observe)
 
 
 class SinkMetrics:
-    """The instruments; one instance per process. Attributes name the sink and table."""
+    """The instruments; one instance per process. Attributes name the sink and table.
+
+    Every instrument is declared once, here, in the order they are created."""
+
+    written_bytes = _counter(
+        "icesink.iceberg.written",
+        "By",
+        "Bytes of Parquet files written and committed, by icesink.file.content (data, delete)",
+    )
+    written_files = _counter(
+        "icesink.iceberg.files",
+        "{file}",
+        "Parquet files written and committed, by icesink.file.content (data, delete)",
+    )
+    write_duration = _histogram(
+        "icesink.write.duration", "s", "Time to decode, compact and write one batch's files"
+    )
+    commit_duration = _histogram(
+        "icesink.commit.duration", "s", "Time from precommit to the txnlog commit of one batch"
+    )
+    commits = _counter("icesink.commits", "{commit}", "Batches committed (txnlog and Iceberg)")
+    commit_failures = _counter(
+        "icesink.commit.failures",
+        "{failure}",
+        "Failed Iceberg commit attempts, by error.type (conflict, unknown_outcome)",
+    )
+    fenced = _counter(
+        "icesink.fenced", "{event}", "Times this replica found itself fenced by a newer epoch (it stops)"
+    )
+    records = _counter(
+        "icesink.records",
+        "{record}",
+        "Change records committed, by icesink.op (c, u, d, r); dead letters excluded",
+    )
+    dead_letters = _counter(
+        "icesink.dead_letters",
+        "{record}",
+        "Records sent to the dead-letter topic (undecodable or schema-violating)",
+    )
+    dead_letters_failed = _counter(
+        "icesink.dead_letters.failed",
+        "{record}",
+        "Dead letters the topic refused even without their value; the log names each record",
+        starts_at_zero=True,
+    )
+    declined_batches = _counter(
+        "icesink.batches.declined", "{batch}", "Batches the Arrow decoder declined; Spark's decoder took them"
+    )
+    tables_isolated = _counter(
+        "icesink.tables.isolated",
+        "{event}",
+        "Tables isolated by their own failure (table.on_failure: dead_letter), by "
+        "icesink.table and error.type; their records go to the dead-letter topic",
+        starts_at_zero=True,  # a series to alert on before the first isolation
+    )
+    kafka_lag = _gauge(
+        "icesink.kafka.lag",
+        "{record}",
+        "Records in Kafka past the committed offsets, by topic and partition",
+        lambda m: m._observe_lag(),
+    )
+    freshness = _gauge(
+        "icesink.freshness",
+        "s",
+        "Age of the newest committed source change (its Kafka timestamp), now",
+        lambda m: m._observe_freshness(),
+    )
+    tables_held = _gauge(
+        "icesink.tables.held",
+        "{record}",
+        "Records read whose changes a table holds, not yet committed "
+        "(commit.table_min_records/table_max_period), by icesink.table",
+        lambda m: m._observe_held(),
+    )
+    maintenance_duration = _histogram(
+        "icesink.maintenance.duration",
+        "s",
+        "Time of one maintenance task on one table, by icesink.maintenance.task",
+    )
+    maintenance_files = _counter(
+        "icesink.maintenance.files",
+        "{file}",
+        "Files maintenance rewrote, added or removed, by icesink.maintenance.task and "
+        "icesink.maintenance.action",
+    )
+    maintenance_rewritten = _counter(
+        "icesink.maintenance.rewritten", "By", "Bytes of files maintenance rewrote"
+    )
+    snapshots_expired = _counter("icesink.maintenance.snapshots_expired", "{snapshot}", "Snapshots expired")
+    maintenance_failures = _counter(
+        "icesink.maintenance.failures",
+        "{failure}",
+        "Maintenance tasks that failed, by icesink.maintenance.task and error.type",
+    )
+    table_files = _gauge(
+        "icesink.table.files",
+        "{file}",
+        "Live files of a table, by icesink.file.content (data, delete)",
+        lambda m: m._observe_files(),
+    )
+    table_snapshots = _gauge(
+        "icesink.table.snapshots",
+        "{snapshot}",
+        "Snapshots in a table's metadata",
+        lambda m: m._observe_health(lambda h: h.snapshots),
+    )
+    table_metadata_size = _gauge(
+        "icesink.table.metadata.size",
+        "By",
+        "Size of a table's current metadata file",
+        lambda m: m._observe_health(lambda h: h.metadata_bytes),
+    )
 
     def __init__(self, meter: metrics.Meter, sink_id: str, table: str) -> None:
         self._attrs = {"icesink.sink_id": sink_id, "icesink.table": table}
@@ -74,132 +264,9 @@ class SinkMetrics:
         self._lag: dict[tuple[str, int], int] = {}
         self._newest_committed: float | None = None  # epoch seconds of the newest committed change
         self._held: dict[str, int] = {}  # table → records whose changes are held (service.pipeline.held)
-        self.written_bytes = meter.create_counter(
-            "icesink.iceberg.written",
-            unit="By",
-            description="Bytes of Parquet files written and committed, by icesink.file.content (data, delete)",
-        )
-        self.written_files = meter.create_counter(
-            "icesink.iceberg.files",
-            unit="{file}",
-            description="Parquet files written and committed, by icesink.file.content (data, delete)",
-        )
-        self.write_duration = meter.create_histogram(
-            "icesink.write.duration",
-            unit="s",
-            description="Time to decode, compact and write one batch's files",
-            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-        )
-        self.commit_duration = meter.create_histogram(
-            "icesink.commit.duration",
-            unit="s",
-            description="Time from precommit to the txnlog commit of one batch",
-            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-        )
-        self.commits = meter.create_counter(
-            "icesink.commits", unit="{commit}", description="Batches committed (txnlog and Iceberg)"
-        )
-        self.commit_failures = meter.create_counter(
-            "icesink.commit.failures",
-            unit="{failure}",
-            description="Failed Iceberg commit attempts, by error.type (conflict, unknown_outcome)",
-        )
-        self.fenced = meter.create_counter(
-            "icesink.fenced",
-            unit="{event}",
-            description="Times this replica found itself fenced by a newer epoch (it stops)",
-        )
-        self.records = meter.create_counter(
-            "icesink.records",
-            unit="{record}",
-            description="Change records committed, by icesink.op (c, u, d, r); dead letters excluded",
-        )
-        self.dead_letters = meter.create_counter(
-            "icesink.dead_letters",
-            unit="{record}",
-            description="Records sent to the dead-letter topic (undecodable or schema-violating)",
-        )
-        self.dead_letters_failed = meter.create_counter(
-            "icesink.dead_letters.failed",
-            unit="{record}",
-            description="Dead letters the topic refused even without their value; the log names each record",
-        )
-        # Exported at 0 from the start, so an alert on its increase has a series before the first failure.
-        self.dead_letters_failed.add(0, self.attrs())
-        self.declined_batches = meter.create_counter(
-            "icesink.batches.declined",
-            unit="{batch}",
-            description="Batches the Arrow decoder declined; Spark's decoder took them",
-        )
-        self.tables_isolated = meter.create_counter(
-            "icesink.tables.isolated",
-            unit="{event}",
-            description="Tables isolated by their own failure (table.on_failure: dead_letter), by "
-            "icesink.table and error.type; their records go to the dead-letter topic",
-        )
-        self.tables_isolated.add(0, self.attrs())  # a series to alert on before the first isolation
-        meter.create_observable_gauge(
-            "icesink.kafka.lag",
-            callbacks=[self._observe_lag],
-            unit="{record}",
-            description="Records in Kafka past the committed offsets, by topic and partition",
-        )
-        meter.create_observable_gauge(
-            "icesink.freshness",
-            callbacks=[self._observe_freshness],
-            unit="s",
-            description="Age of the newest committed source change (its Kafka timestamp), now",
-        )
-        meter.create_observable_gauge(
-            "icesink.tables.held",
-            callbacks=[self._observe_held],
-            unit="{record}",
-            description="Records read whose changes a table holds, not yet committed "
-            "(commit.table_min_records/table_max_period), by icesink.table",
-        )
-
-        self._health: dict[str, TableHealth] = {}
-        self.maintenance_duration = meter.create_histogram(
-            "icesink.maintenance.duration",
-            unit="s",
-            description="Time of one maintenance task on one table, by icesink.maintenance.task",
-            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-        )
-        self.maintenance_files = meter.create_counter(
-            "icesink.maintenance.files",
-            unit="{file}",
-            description="Files maintenance rewrote, added or removed, by icesink.maintenance.task and "
-            "icesink.maintenance.action",
-        )
-        self.maintenance_rewritten = meter.create_counter(
-            "icesink.maintenance.rewritten", unit="By", description="Bytes of files maintenance rewrote"
-        )
-        self.snapshots_expired = meter.create_counter(
-            "icesink.maintenance.snapshots_expired", unit="{snapshot}", description="Snapshots expired"
-        )
-        self.maintenance_failures = meter.create_counter(
-            "icesink.maintenance.failures",
-            unit="{failure}",
-            description="Maintenance tasks that failed, by icesink.maintenance.task and error.type",
-        )
-        meter.create_observable_gauge(
-            "icesink.table.files",
-            callbacks=[self._observe_files],
-            unit="{file}",
-            description="Live files of a table, by icesink.file.content (data, delete)",
-        )
-        meter.create_observable_gauge(
-            "icesink.table.snapshots",
-            callbacks=[lambda _o: self._observe_health(lambda h: h.snapshots)],
-            unit="{snapshot}",
-            description="Snapshots in a table's metadata",
-        )
-        meter.create_observable_gauge(
-            "icesink.table.metadata.size",
-            callbacks=[lambda _o: self._observe_health(lambda h: h.metadata_bytes)],
-            unit="By",
-            description="Size of a table's current metadata file",
-        )
+        self._health: dict[str, TableFigures] = {}
+        for instrument in declared():
+            setattr(self, instrument.attribute, instrument.create(meter, self))
 
     def attrs(self, **extra: str) -> dict[str, str]:
         """The sink's attributes plus ``extra``; short keys (``op``, ``content``) get their full names."""
@@ -228,7 +295,7 @@ class SinkMetrics:
         with self._lock:
             self._held = {**dict.fromkeys(self._held, 0), **held}
 
-    def maintenance_task(self, table: str, task: str, seconds: float, result: TaskResult) -> None:
+    def maintenance_task(self, table: str, task: str, seconds: float, result: TaskCounts) -> None:
         attrs = self.attrs(table=table, task=task)
         self.maintenance_duration.record(seconds, attrs)
         for action, count in (
@@ -246,30 +313,30 @@ class SinkMetrics:
     def maintenance_failed(self, table: str, task: str, error_type: str) -> None:
         self.maintenance_failures.add(1, self.attrs(table=table, task=task, **{"error.type": error_type}))
 
-    def set_health(self, health: TableHealth) -> None:
+    def set_health(self, health: TableFigures) -> None:
         with self._lock:
             self._health[health.table] = health
 
-    def _observe_files(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe_files(self) -> Iterable[Observation]:
         with self._lock:
             items = sorted(self._health.items())
         for table, health in items:
             yield Observation(health.data_files, self.attrs(table=table, content="data"))
             yield Observation(health.delete_files, self.attrs(table=table, content="delete"))
 
-    def _observe_health(self, value: Callable[[TableHealth], int]) -> Iterable[Observation]:
+    def _observe_health(self, value: Callable[[TableFigures], int]) -> Iterable[Observation]:
         with self._lock:
             items = sorted(self._health.items())
         for table, health in items:
             yield Observation(value(health), self.attrs(table=table))
 
-    def _observe_held(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe_held(self) -> Iterable[Observation]:
         with self._lock:
             items = sorted(self._held.items())
         for table, records in items:
             yield Observation(records, self.attrs(table=table))
 
-    def _observe_lag(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe_lag(self) -> Iterable[Observation]:
         with self._lock:
             items = sorted(self._lag.items())
         for (topic, partition), lag in items:
@@ -284,11 +351,20 @@ class SinkMetrics:
                 ),
             )
 
-    def _observe_freshness(self, _options: CallbackOptions) -> Iterable[Observation]:
+    def _observe_freshness(self) -> Iterable[Observation]:
         with self._lock:
             newest = self._newest_committed
         if newest is not None:
             yield Observation(max(0.0, time.time() - newest), self.attrs())
+
+
+def declared() -> list[Instrument[Any]]:
+    """Every instrument of SinkMetrics, in the order they are declared (and created)."""
+    return [v for v in vars(SinkMetrics).values() if isinstance(v, Instrument)]
+
+
+# Every instrument: name -> (kind, unit). tests/ops checks the docs and the exporters against it.
+INSTRUMENTS: dict[str, tuple[str, str]] = {i.name: (i.kind, i.unit) for i in declared()}
 
 
 def otlp_metrics_url(endpoint: str) -> str:

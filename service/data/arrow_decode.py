@@ -1,6 +1,6 @@
 """Debezium JSON → typed Arrow columns inside a Python worker: the fast decoder.
 
-The Spark decoder (:mod:`service.data.debezium`) checks every field of every record and names what is
+The Spark decoder (:mod:`service.data.spark_decode`) checks every field of every record and names what is
 wrong, with a dozen Spark expressions per column that Spark plans and compiles again for every
 micro-batch; at the batch sizes of a streaming sink that fixed cost dominates. Most batches have nothing
 wrong with them. This decoder parses a whole batch with pyarrow's JSON reader and converts it with
@@ -49,13 +49,17 @@ from pyiceberg.types import (
 from pyspark.sql.pandas.types import to_arrow_type
 
 from service.data import temporal
-from service.data.debezium import (
+from service.data.envelope import (
     CHANGE_ORDER,
+    EXACT,
     KAFKA_POSITION,
+    MAX_LONG_DIGITS,
     SOURCE_COLUMNS,
     SOURCE_FIELDS,
+    STRICT_BASE64,
     TOMBSTONE_EVENT,
     TRUNCATE_OP,
+    UUID_PATTERN,
     VALID_OPS,
     as_text_column,
     column_wire_type,
@@ -67,7 +71,6 @@ from service.data.debezium import (
 from service.data.files import DELETE_OP, OP_COLUMN
 from service.model.columns import Column, Encoding, SchemaError, columns_from_envelope_schema, with_encodings
 
-_UUID_RE2 = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 _RANK = "__icesink_rank"
 
 # The (encoding, Iceberg type) pairs this decoder converts; any other column keeps a sink on Spark.
@@ -230,7 +233,7 @@ _SEXTETS[np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
     np.arange(64, dtype=np.uint8)
 )
 _SEXTETS[ord("=")] = 0
-_STRICT_BASE64_RE2 = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_STRICT_BASE64_RE2 = f"^{STRICT_BASE64}$"
 
 
 def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | None:
@@ -284,7 +287,7 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
     t = column.type
     assert isinstance(t, DecimalType)
     target = pa.decimal128(t.precision, t.scale)
-    if t.precision > 18:
+    if t.precision > MAX_LONG_DIGITS:
         unscaled = _unscaled(wire, column, 10**t.precision)
         return pa.array([None if u is None else unscaled_decimal(u, t.scale) for u in unscaled], target)
     # Up to 18 digits the unscaled value is an int64: lay it out as Arrow's 128-bit little-endian
@@ -300,7 +303,6 @@ def _decimals(wire: pa.Array, column: Column) -> pa.Array:
 
 # Digits with an optional fraction and exponent (money comes as a double's text: 1.234567891E7).
 _DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?")
-_DECIMAL_CONTEXT = decimal.Context(prec=100, traps=[decimal.Inexact, decimal.InvalidOperation])
 
 
 def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
@@ -320,7 +322,7 @@ def _decimal_texts(wire: pa.Array, column: Column) -> pa.Array:
         if value.copy_abs() >= limit:  # abs() would round to the context's 28 digits
             raise Declined(f"column {column.name}: a decimal out of range for {t}")
         try:
-            out.append(_DECIMAL_CONTEXT.quantize(value, quantum))
+            out.append(EXACT.quantize(value, quantum))
         except decimal.DecimalException:
             raise Declined(f"column {column.name}: a decimal that {t} holds only rounded") from None
     return pa.array(out, pa.decimal128(t.precision, t.scale))
@@ -372,7 +374,7 @@ def convert(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
         if enc in temporal.TEMPORAL:
             return temporal.arrow_convert(column, wire, julian, target)
         if enc is Encoding.UUID_TEXT:
-            if pc.any(pc.invert(pc.match_substring_regex(wire, _UUID_RE2))).as_py():
+            if pc.any(pc.invert(pc.match_substring_regex(wire, UUID_PATTERN))).as_py():
                 raise Declined(f"column {name}: a value that is not a UUID")
             return pc.utf8_lower(wire)
         if isinstance(column.type, FloatType):
@@ -567,7 +569,7 @@ def decode(
     if pc.any(pc.and_(pc.invert(is_delete), pc.is_null(after))).as_py():
         raise Declined("a create/update event without an 'after' image")
 
-    julian = temporal.arrow_julian_snapshot(source)  # see debezium._julian_mark
+    julian = temporal.arrow_julian_snapshot(source)  # see spark_decode._julian_mark
     julian_lists = temporal.arrow_julian_snapshot(source, streamed_too=True)
     no_julian = np.zeros(len(julian), dtype=bool)
     key_payload = _column(key_table, "payload")
@@ -624,7 +626,7 @@ def _with_carried_sources(rows: pa.Table, key: list[str]) -> tuple[pa.Table, dic
 
 
 def latest_per_key(rows: pa.Table, key: list[str]) -> pa.Table:
-    """The last change of every key, in the order of :func:`service.data.debezium.latest_per_key`:
+    """The last change of every key, in the order of :func:`service.data.spark_decode.latest_per_key`:
     source position (a row without one takes that of the closest earlier change of its key in its
     partition), then offset; topic and partition only make ties across partitions deterministic."""
     if rows.num_rows == 0:

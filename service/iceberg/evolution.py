@@ -39,11 +39,6 @@ class EvolutionPolicy(StrEnum):
     ADD_COLUMNS = "add_columns"  # new columns, widenings and relaxed nullability evolve the table
 
 
-class IncompatiblePolicy(StrEnum):
-    FAIL = "fail"
-    DEAD_LETTER = "dead_letter"
-
-
 class IncompatibleSchema(SchemaError):
     """The events' schema can't be expressed as an evolution of the table's."""
 

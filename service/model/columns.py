@@ -158,10 +158,6 @@ class Column:
     encoding: Encoding
 
     @property
-    def is_decimal(self) -> bool:
-        return isinstance(self.type, DecimalType)
-
-    @property
     def is_list(self) -> bool:
         return isinstance(self.type, ListType)
 

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from service.config import TableConfig
 from service.data.arrow_decode import unsupported
-from service.data.debezium import schema_text
+from service.data.spark_decode import schema_text
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.model.columns import (
     Column,

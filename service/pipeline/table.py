@@ -4,7 +4,7 @@ A batch takes one of two paths, both ending in a :class:`TableWrite`:
 
 * the Arrow path (:mod:`service.data.arrow_batch`): one Spark job whose Python tasks decode, compact
   and write; it declines a batch it can't vouch for, and
-* Spark's path: Spark's decoder (:mod:`service.data.debezium`), schema evolution first, then one
+* Spark's path: Spark's decoder (:mod:`service.data.spark_decode`), schema evolution first, then one
   ``mapInArrow`` that writes the compacted rows; the dead letters are sent last.
 
 Either is retried as a whole (:meth:`TablePipeline._retrying`): nothing is precommitted before it
@@ -30,8 +30,9 @@ from pyspark.sql import functions as F
 from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_batch
 from service.data.arrow_decode import Declined
-from service.data.debezium import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS, decode, latest_per_key
+from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, writable, write_partition
+from service.data.spark_decode import decode, latest_per_key
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,

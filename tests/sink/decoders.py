@@ -1,6 +1,6 @@
 """Run both decoders over the same Kafka records and make their results comparable.
 
-Spark's decoder (service.data.debezium) is the reference; the Arrow decoder (service.data.arrow_decode)
+Spark's decoder (service.data.spark_decode) is the reference; the Arrow decoder (service.data.arrow_decode)
 may decline a record but must otherwise produce the same values. Tests that hold the two side by side
 use these helpers.
 """
@@ -17,9 +17,9 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from service.data.debezium import ERROR_COLUMN, SOURCE_COLUMNS
-from service.data.debezium import decode as spark_decode
+from service.data.envelope import ERROR_COLUMN, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN
+from service.data.spark_decode import decode as spark_decode
 from service.model.columns import Column
 
 KAFKA_ROW = T.StructType(

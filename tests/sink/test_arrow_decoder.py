@@ -1,6 +1,6 @@
 """The Arrow decoder never disagrees with Spark's: it declines, or it decodes exactly the same values.
 
-Spark's decoder (service.data.debezium) is the reference: it names what is wrong with a record and
+Spark's decoder (service.data.spark_decode) is the reference: it names what is wrong with a record and
 dead-letters it. The Arrow decoder (service.data.arrow_decode) may only take a record that Spark's
 decoder accepts, and must then produce the same value in every column. Each record of a corpus of
 good records and edge cases (every encoding's boundaries, malformed envelopes and keys) is decoded by
@@ -24,9 +24,9 @@ from pyiceberg.types import StringType
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
-from service.data.debezium import ERROR_COLUMN
-from service.data.debezium import decode as spark_decode
-from service.data.debezium import latest_per_key as spark_latest_per_key
+from service.data.envelope import ERROR_COLUMN
+from service.data.spark_decode import decode as spark_decode
+from service.data.spark_decode import latest_per_key as spark_latest_per_key
 from service.model.columns import Column, Encoding, column_from_config, list_of
 from tests.sink.decoders import comparable, kafka_positions, normalise, value_columns
 from tests.sink.decoders import spark_decoded as decode_with_spark

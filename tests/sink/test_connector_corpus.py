@@ -18,7 +18,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode
-from service.data.debezium import ERROR_COLUMN
+from service.data.envelope import ERROR_COLUMN
 from service.model.columns import Column, column_from_config, columns_from_envelope_schema
 from tests.sink.decoders import comparable, kafka_positions, normalise, spark_decoded, value_columns
 

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from readers import duckdb_rows, spark_rows
 from service.data.arrow_decode import decode
-from service.data.debezium import ERROR_COLUMN
+from service.data.envelope import ERROR_COLUMN
 from service.model.columns import columns_from_envelope_schema
 from tests.cdc import CdcSource, differences, write_corpus
 from tests.sink.conftest import Sink

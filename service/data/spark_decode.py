@@ -16,15 +16,14 @@ with no before image and no source position.
 
 Each row also carries the event's source position (:data:`SOURCE_COLUMNS`, from the envelope's
 ``source`` section), which orders a key's changes across partitions (:func:`latest_per_key`).
+
+What both decoders share (those columns, the ops, the wire and converted types, strict base64, UUID
+text, the decimal helpers) is in :mod:`service.data.envelope`.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
-import decimal
-import re
-from dataclasses import replace
 from decimal import Decimal
 from functools import partial, reduce
 from typing import Any
@@ -32,12 +31,8 @@ from typing import Any
 import pandas as pd
 from pyiceberg.types import (
     DecimalType,
-    DoubleType,
     FixedType,
     FloatType,
-    IntegerType,
-    LongType,
-    StringType,
 )
 from pyspark.sql import Column as SparkColumn
 from pyspark.sql import DataFrame, Window
@@ -45,139 +40,34 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from service.data import temporal
+from service.data.envelope import (
+    CHANGE_ORDER,
+    ERROR_COLUMN,
+    KAFKA_POSITION,
+    MAX_DECIMAL_DIGITS,
+    MAX_LONG_DIGITS,
+    SOURCE_COLUMNS,
+    SOURCE_FIELDS,
+    STRICT_BASE64,
+    TOMBSTONE_EVENT,
+    TRUNCATE_OP,
+    TRUNCATE_REASON,
+    UUID_PATTERN,
+    VALID_OPS,
+    as_text_column,
+    column_wire_type,
+    spark_type,
+    unscaled_decimal,
+    variable_scale_text,
+)
 from service.data.files import OP_COLUMN
 from service.model.columns import Column, Encoding
 
-ERROR_COLUMN = "__icesink_error"
 CORRUPT_COLUMN = "__icesink_corrupt"
 POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
-KAFKA_POSITION = ["topic", "partition", "offset"]  # what orders changes within a partition
-# The fields of Debezium's `source` section that order a key's changes, most significant first:
-# Postgres' change LSN, MySQL's binlog coordinates, then the source's commit time (ms).
-SOURCE_FIELDS: dict[str, T.DataType] = {
-    "lsn": T.LongType(),
-    "file": T.StringType(),
-    "pos": T.LongType(),
-    "row": T.LongType(),
-    "ts_ms": T.LongType(),
-}
-SOURCE_COLUMNS = [f"__icesink_source_{name}" for name in SOURCE_FIELDS]
-# How a key's changes are ordered, most significant first (see latest_per_key): the topic and
-# partition come last only to make ties across partitions deterministic.
-CHANGE_ORDER = [*SOURCE_COLUMNS, "offset", "topic", "partition"]
 _ORDER = "__icesink_order"
 _JULIAN = "__icesink_julian"  # the event's timestamps were read in the Julian calendar (a snapshot)
 _JULIAN_LISTS = "__icesink_julian_lists"  # its timestamp[] elements were (see temporal.julian_list)
-# What a tombstone decodes as: a delete with neither before image nor source position.
-TOMBSTONE_EVENT = '{"op":"d"}'
-VALID_OPS = ("c", "r", "u", "d")
-TRUNCATE_OP = "t"
-# A truncate event empties the whole source table. Applying it would take a snapshot that removes
-# every live data file next to the batch's own files, and Debezium gives no order between it and the
-# table's other events unless the topic has one partition, so it is dead-lettered instead, visibly.
-TRUNCATE_REASON = "truncate events are not applied: the table keeps the rows the source truncated"
-_UUID_RE = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-
-_WIRE_TYPES: dict[Encoding, T.DataType] = {
-    Encoding.INTEGER: T.LongType(),
-    Encoding.FLOATING: T.DoubleType(),
-    Encoding.BOOLEAN: T.BooleanType(),
-    Encoding.DATE_DAYS: T.LongType(),
-    Encoding.TIME_MILLIS: T.LongType(),
-    Encoding.TIME_MICROS: T.LongType(),
-    Encoding.TIME_NANOS: T.LongType(),
-    Encoding.TIMESTAMP_MILLIS: T.LongType(),
-    Encoding.TIMESTAMP_MICROS: T.LongType(),
-    Encoding.TIMESTAMP_NANOS: T.LongType(),
-    Encoding.VARIABLE_SCALE_DECIMAL: T.StructType(
-        [T.StructField("scale", T.IntegerType()), T.StructField("value", T.StringType())]
-    ),
-    Encoding.DURATION_MICROS: T.LongType(),
-}
-
-
-def wire_type(encoding: Encoding) -> T.DataType:
-    """The Spark type a JSON value is parsed into before conversion (text for everything else)."""
-    return _WIRE_TYPES.get(encoding, T.StringType())
-
-
-def column_wire_type(column: Column) -> T.DataType:
-    """The Spark type a column's JSON value is parsed into: its encoding's wire type, or for a list
-    column an array of it."""
-    element = wire_type(column.encoding)
-    return T.ArrayType(element) if column.is_list else element
-
-
-def spark_type(column: Column) -> T.DataType:
-    """The Spark type of a converted column (TIME travels as int64 micros, UUID as text; a list as an
-    array of its converted elements)."""
-    if column.is_list:
-        return T.ArrayType(spark_type(column.element()))
-    t = column.type
-    if isinstance(t, IntegerType):
-        return T.IntegerType()
-    if isinstance(t, LongType):
-        return T.LongType()
-    if isinstance(t, FloatType):
-        return T.FloatType()
-    if isinstance(t, DoubleType):
-        return T.DoubleType()
-    if isinstance(t, DecimalType):
-        return T.DecimalType(t.precision, t.scale)
-    mapping: dict[str, T.DataType] = {
-        "boolean": T.BooleanType(),
-        "string": T.StringType(),
-        "binary": T.BinaryType(),
-        "date": T.DateType(),
-        "time": T.LongType(),
-        "timestamp": T.TimestampNTZType(),
-        "timestamptz": T.TimestampType(),
-        "uuid": T.StringType(),
-    }
-    key = str(t)
-    if key.startswith("fixed"):
-        return T.BinaryType()
-    return mapping[key]
-
-
-MAX_DECIMAL_DIGITS = 38  # the widest decimal of Spark, Arrow's decimal128 and Iceberg
-# Decimal arithmetic rounds to the context's precision, 28 digits by default: scaling a wider unscaled
-# value in it would silently drop digits.
-_DECIMAL_CONTEXT = decimal.Context(prec=MAX_DECIMAL_DIGITS)
-
-
-def unscaled_decimal(unscaled: int, scale: int) -> Decimal | None:
-    """The decimal ``unscaled * 10**-scale`` exactly, or None when it has more than 38 digits."""
-    if not -(10**MAX_DECIMAL_DIGITS) < unscaled < 10**MAX_DECIMAL_DIGITS:
-        return None
-    return Decimal(unscaled).scaleb(-scale, _DECIMAL_CONTEXT)
-
-
-_STRICT_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
-
-
-def strict_base64(text: str) -> bytes | None:
-    """The bytes of padded base64 without whitespace, or None for anything else."""
-    return binascii.a2b_base64(text) if _STRICT_BASE64.fullmatch(text) else None
-
-
-# PostgreSQL's numeric has up to 16383 digits after the point and 131072 before: a VariableScaleDecimal
-# beyond these is not from PostgreSQL, and its text would be unbounded (a scale of 2**31 is 2 GB of zeros).
-_MAX_VARIABLE_SCALE = 16383
-_MAX_VARIABLE_SCALE_BYTES = 64 * 1024  # 157826 digits: PostgreSQL's widest numeric fits
-_EXACT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
-
-
-def variable_scale_text(scale: object, value: object) -> str | None:
-    """``io.debezium.data.VariableScaleDecimal`` (``{"scale": s, "value": base64 of the big-endian two's
-    complement unscaled integer}``) → its exact decimal text, without exponent (``1.5``, ``-0.001``,
-    ``100``); None when it is not such a value. Both decoders use it, so they agree by construction."""
-    if not isinstance(scale, int) or not isinstance(value, str) or abs(scale) > _MAX_VARIABLE_SCALE:
-        return None
-    raw = strict_base64(value)
-    if not raw or len(raw) > _MAX_VARIABLE_SCALE_BYTES:
-        return None
-    return format(Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, _EXACT), "f")
 
 
 def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
@@ -201,8 +91,7 @@ def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
     return values.map(convert)
 
 
-_BASE64_RE = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?\z"  # \z: no final newline
-_MAX_LONG_DIGITS = 18  # unscaled values of up to 18 digits fit in 8 bytes (a long)
+_BASE64_RE = rf"^{STRICT_BASE64}\z"  # \z: no final newline
 
 
 def _connect_decimal(wire: SparkColumn, scale: int) -> SparkColumn:
@@ -267,15 +156,6 @@ def _variable_scale_text_lists(lists: pd.Series) -> pd.Series:
     return lists.map(texts)
 
 
-def as_text_column(column: Column) -> Column:
-    """A VariableScaleDecimal column once its value (each element's, for a list) is text: a string, or
-    decimal text to convert."""
-    scalar = column.element() if column.is_list else column
-    return replace(
-        column, encoding=Encoding.STRING if isinstance(scalar.type, StringType) else Encoding.DECIMAL_TEXT
-    )
-
-
 # Text that Spark's cast to decimal reads as a number (surrounding spaces, a sign and an exponent
 # allowed): if the cast still gives null, the number is too wide for the column.
 _NUMBER_TEXT_RE = r"^\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*$"
@@ -322,7 +202,7 @@ def _convert_list(column: Column, wire: SparkColumn, julian: SparkColumn | None)
     if (
         element.encoding is Encoding.DECIMAL_BASE64
         and isinstance(t, DecimalType)
-        and t.precision > _MAX_LONG_DIGITS
+        and t.precision > MAX_LONG_DIGITS
     ):
         return _decimal_list_udf(t.scale)(wire).try_cast(spark_type(column))
     return F.transform(wire, lambda value: convert(element, value, julian))
@@ -343,7 +223,7 @@ def convert(column: Column, wire: SparkColumn, julian: SparkColumn | None = None
     if enc is Encoding.FLOATING and isinstance(t, FloatType):
         return F.when(~_float_overflows(wire), wire.try_cast(target))
     if enc is Encoding.DECIMAL_BASE64 and isinstance(t, DecimalType):
-        if t.precision <= _MAX_LONG_DIGITS:
+        if t.precision <= MAX_LONG_DIGITS:
             return _connect_decimal(wire, t.scale).try_cast(target)
         return _decimal_udf(t.scale)(wire).try_cast(target)
     if enc is Encoding.BYTES_BASE64:
@@ -354,7 +234,7 @@ def convert(column: Column, wire: SparkColumn, julian: SparkColumn | None = None
     if enc in temporal.TEMPORAL:
         return temporal.spark_convert(column, wire, F.lit(False) if julian is None else julian)
     if enc is Encoding.UUID_TEXT:
-        return F.when(wire.rlike(_UUID_RE), F.lower(wire))
+        return F.when(wire.rlike(UUID_PATTERN), F.lower(wire))
     return wire.try_cast(target)
 
 
