@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             fn,
             phases.timed(lambda fn=fn: f"driver: build the {fn} plan", getattr(table_module, fn)),
         )
-    import service.data.arrow_batch as arrow_module
+    import service.data.arrow_job as arrow_module
 
     run_arrow = arrow_module.run
 

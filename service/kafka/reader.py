@@ -3,7 +3,7 @@
 Spark's Kafka source reads in the JVM and hands every row to the Python workers that decode it; here
 the Python task that decodes a range reads it too (``confluent_kafka``), so a record crosses no
 process boundary between the broker and the decoder, and a task holds one chunk of raw records at a
-time rather than its whole share of the batch (:mod:`service.data.arrow_batch` compacts as it goes).
+time rather than its whole share of the batch (:mod:`service.data.arrow_job` compacts as it goes).
 
 A range is ``[start, end)`` of one partition, as the source planned it
 (:mod:`service.kafka.stream_source`). Under ``read_committed`` librdkafka skips the records of aborted

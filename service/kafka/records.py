@@ -51,7 +51,7 @@ class KafkaRecords:
     timestamp), what Spark's decoder and the dead-letter writer read. With the task reader
     (:mod:`service.kafka.stream_source`) also ``ranges``, the batch's offset ranges, and ``read``, how a task
     reads one: the Arrow path's tasks read their range themselves (an RDD job over the ranges,
-    :class:`service.data.arrow_batch.Ranges`), and ``rows`` is read from the same ranges only if
+    :class:`service.data.arrow_job.Ranges`), and ``rows`` is read from the same ranges only if
     Spark's decoder needs it (its plan is made then: ~10 ms a batch otherwise)."""
 
     spark_rows: DataFrame | None = None  # the rows Spark's source read (or kept: persist)

@@ -28,7 +28,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from service.data.arrow_batch import ArrowBatch
+from service.data.arrow_job import ArrowResult
 from service.data.files import WriteSpec, write_files
 from service.model.offsets import Offsets
 from service.pipeline.cadence import CommitCadence
@@ -56,7 +56,7 @@ class HeldChanges:
     def age(self, now: float) -> float:
         return 0.0 if self.since is None else now - self.since
 
-    def add(self, batch: ArrowBatch, offsets: Offsets, now: float) -> None:
+    def add(self, batch: ArrowResult, offsets: Offsets, now: float) -> None:
         """Hold a batch's rows of this table; ``offsets``: the table's topics at the batch's end."""
         self.parts.extend(batch.rows)
         self.offsets = {**self.offsets, **offsets}
@@ -132,7 +132,7 @@ class HeldTables:
         share of it to this process."""
         return [t for t, n in new_records.items() if t in self and self.cadence.due(n, 0.0)]
 
-    def add(self, table: str, batch: ArrowBatch, offsets: Offsets, now: float) -> bool:
+    def add(self, table: str, batch: ArrowResult, offsets: Offsets, now: float) -> bool:
         """Hold a batch's rows of ``table``; whether the table is now due."""
         held = self._held.setdefault(table, HeldChanges(table))
         held.add(batch, offsets, now)

@@ -53,7 +53,7 @@ def claim(log: TransactionLog, sink_id: str, owner: str, attempts: int = 5) -> L
 
 
 def arrow_first(config: SinkConfig, cadence: CommitCadence) -> bool:
-    """Whether batches go through the one-job Arrow path first (:mod:`service.data.arrow_batch`)."""
+    """Whether batches go through the one-job Arrow path first (:mod:`service.data.arrow_job`)."""
     reason = None
     if config.source.decoder == "spark":
         reason = "source.decoder is spark"

@@ -2,7 +2,7 @@
 
 A batch takes one of two paths, both ending in a :class:`TableWrite`:
 
-* the Arrow path (:mod:`service.data.arrow_batch`): one Spark job whose Python tasks decode, compact
+* the Arrow path (:mod:`service.data.arrow_job`): one Spark job whose Python tasks decode, compact
   and write; it declines a batch it can't vouch for, and
 * Spark's path: Spark's decoder (:mod:`service.data.spark_decode`), schema evolution first, then one
   ``mapInArrow`` that writes the compacted rows; the dead letters are sent last.
@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from service.config import Mode, SinkConfig, TableConfig
-from service.data import arrow_batch
+from service.data import arrow_job
 from service.data.arrow_decode import Declined
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, writable, write_partition
@@ -218,7 +218,7 @@ class TablePipeline:
         )
         self.metrics.declined_batches.add(1, self.metrics.attrs(table=self.identifier))
 
-    def arrow_written(self, batch: arrow_batch.ArrowBatch, offsets: Offsets, started: float) -> TableWrite:
+    def arrow_written(self, batch: arrow_job.ArrowResult, offsets: Offsets, started: float) -> TableWrite:
         """The TableWrite of a batch the Arrow path wrote."""
         written = time.monotonic()
         logger.debug(
@@ -311,12 +311,12 @@ class TablePipeline:
             writer_properties=self.config.write.table_properties(),
         )
 
-    def arrow_spec(self, topics: list[str], hold: bool = False) -> arrow_batch.TableSpec:
+    def arrow_spec(self, topics: list[str], hold: bool = False) -> arrow_job.TableSpec:
         """What the Arrow path's tasks need to write this table's rows of a batch, as the table is now
         (``hold``: to hand them back instead, service.pipeline.held; the tasks write nothing then, so
         the table as last loaded serves, and the held rows are written later with a fresh load)."""
         table = self._last if hold and self._last is not None else self._load()
-        spec = arrow_batch.ArrowBatchSpec(
+        spec = arrow_job.ArrowTaskSpec(
             write=self._write_spec(table),
             columns=self.schemas.columns,
             max_record_bytes=self.config.source.max_record_bytes,
@@ -325,11 +325,11 @@ class TablePipeline:
             hold=hold,
         )
         check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
-        return arrow_batch.TableSpec(spec, topics, check_schemas)
+        return arrow_job.TableSpec(spec, topics, check_schemas)
 
-    def _arrow_run(self, records: KafkaRecords) -> arrow_batch.ArrowBatch:
+    def _arrow_run(self, records: KafkaRecords) -> arrow_job.ArrowResult:
         table_spec = self.arrow_spec([])
-        return arrow_batch.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
+        return arrow_job.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
 
     def _spark_write(
         self,
@@ -426,15 +426,15 @@ class ArrowTables:
     changes are held (``hold``); a declined table is in neither (Spark's path takes it)."""
 
     writes: dict[str, TableWrite] = field(default_factory=dict)
-    held: dict[str, arrow_batch.ArrowBatch] = field(default_factory=dict)
+    held: dict[str, arrow_job.ArrowResult] = field(default_factory=dict)
 
 
-def arrow_input(records: KafkaRecords) -> DataFrame | arrow_batch.Ranges:
+def arrow_input(records: KafkaRecords) -> DataFrame | arrow_job.Ranges:
     """What the Arrow path's tasks read: the batch's offset ranges when the source planned them (Spark's
     rows of them are then never planned), else the rows of Spark's source."""
     if records.ranges is None or records.read is None or records.spark is None:
         return records.rows
-    return arrow_batch.Ranges(records.spark, records.ranges, records.read)
+    return arrow_job.Ranges(records.spark, records.ranges, records.read)
 
 
 def write_arrow_tables(
@@ -447,18 +447,18 @@ def write_arrow_tables(
     is retried as a whole, as one table's would be."""
     started = time.monotonic()
     first = next(iter(tables.values()))[0]
-    specs: dict[str, arrow_batch.TableSpec] = {}
+    specs: dict[str, arrow_job.TableSpec] = {}
 
-    def attempt() -> dict[str, arrow_batch.ArrowBatch | str]:
+    def attempt() -> dict[str, arrow_job.ArrowResult | str]:
         specs.clear()
         for name, (pipeline, topics, _) in tables.items():
             specs[name] = pipeline.arrow_spec(topics, hold=name in hold)
         specified = time.monotonic()
-        outcomes = arrow_batch.run_tables(arrow_input(records), specs, first.config.write.parallelism)
+        outcomes = arrow_job.run_tables(arrow_input(records), specs, first.config.write.parallelism)
         if logger.isEnabledFor(logging.DEBUG):
             seconds: dict[str, float] = {}
             for outcome in outcomes.values():
-                if isinstance(outcome, arrow_batch.ArrowBatch):
+                if isinstance(outcome, arrow_job.ArrowResult):
                     for phase, s in outcome.task_seconds.items():
                         seconds[phase] = seconds.get(phase, 0.0) + s
             logger.debug(

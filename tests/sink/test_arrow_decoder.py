@@ -497,7 +497,7 @@ def test_arrow_decoder_declines_or_agrees_with_spark(spark_decoded: dict[int, di
     for offset, (label, key, value) in enumerate(corpus):
         reference = spark_decoded.get(offset)
         if value is not None and len(value) > MAX_BYTES:
-            declined.append(label)  # the batch task declines these before decoding (arrow_batch)
+            declined.append(label)  # the batch task declines these before decoding (arrow_job)
             assert reference is not None and reference[ERROR_COLUMN], label
             continue
         try:
@@ -708,7 +708,7 @@ def test_a_task_over_its_memory_bound_declines() -> None:
     """A huge batch (a backlog without kafka.max_offsets_per_trigger) goes to Spark's path, which spills."""
     from typing import cast
 
-    from service.data.arrow_batch import ArrowBatchSpec, process_partition
+    from service.data.arrow_job import ArrowTaskSpec, process_partition
     from service.data.files import WriteSpec
 
     rng = random.Random(9)
@@ -723,7 +723,7 @@ def test_a_task_over_its_memory_bound_declines() -> None:
             "timestamp": pa.array([0] * 100, pa.timestamp("us", tz="UTC")),
         }
     )
-    spec = ArrowBatchSpec(
+    spec = ArrowTaskSpec(
         write=cast(WriteSpec, None), columns=COLUMNS, max_record_bytes=MAX_BYTES, max_task_bytes=10_000
     )
     out = pa.Table.from_batches(list(process_partition(spec, iter([batch, batch])))).to_pylist()

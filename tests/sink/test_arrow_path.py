@@ -1,7 +1,7 @@
 """The one-job Arrow path end to end, and the batches it must hand to the Spark path.
 
 Events without a schema section and columns from the configuration: the sink decodes with the
-Arrow decoder (service.data.arrow_batch). A batch with a record it can't vouch for, or a key with
+Arrow decoder (service.data.arrow_job). A batch with a record it can't vouch for, or a key with
 changes in two Kafka partitions, must still come out right: declined, then decoded, compacted and
 dead-lettered by the Spark path.
 """

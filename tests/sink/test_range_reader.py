@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import TaskContext
 
-from service.data.arrow_batch import Output, Ranges
+from service.data.arrow_job import Output, Ranges
 from service.kafka import reader
 from service.kafka.reader import OffsetRange, read_range
 from service.kafka.records import ranges_frame

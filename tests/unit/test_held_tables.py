@@ -9,15 +9,15 @@ import pyarrow as pa
 import pytest
 
 from service.config import ConfigError, load_config
-from service.data.arrow_batch import ArrowBatch
+from service.data.arrow_job import ArrowResult
 from service.data.files import OP_COLUMN
 from service.pipeline.cadence import CommitCadence
 from service.pipeline.held import HeldChanges, HeldTables
 
 
-def _batch(ids: list[int], names: list[str], ops: list[str]) -> ArrowBatch:
+def _batch(ids: list[int], names: list[str], ops: list[str]) -> ArrowResult:
     rows = pa.table({"id": ids, "name": names, OP_COLUMN: ops})
-    return ArrowBatch(rows=[rows], records=len(ids), by_op={"u": len(ids)})
+    return ArrowResult(rows=[rows], records=len(ids), by_op={"u": len(ids)})
 
 
 class _Spec:
@@ -63,7 +63,7 @@ def test_a_table_is_due_by_count_or_by_the_age_of_its_oldest_change() -> None:
 
 def test_a_batch_of_only_markers_holds_nothing() -> None:
     tables = HeldTables(CommitCadence(min_size=10), concurrency=1)
-    assert not tables.add("lake.a", ArrowBatch(), {"a": {0: 7}}, now=0.0)
+    assert not tables.add("lake.a", ArrowResult(), {"a": {0: 7}}, now=0.0)
     assert tables.tables() == [] and "lake.a" not in tables
 
 

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
-from service.data.arrow_batch import Ranges
+from service.data.arrow_job import Ranges
 from service.kafka.reader import OffsetRange
 from service.kafka.records import KafkaRecords
 from service.pipeline.table import arrow_input

@@ -50,7 +50,7 @@ KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp"]
 
 
 @dataclass(frozen=True)
-class ArrowBatchSpec:
+class ArrowTaskSpec:
     """What a task needs; pickled to the Python workers."""
 
     write: WriteSpec
@@ -62,7 +62,7 @@ class ArrowBatchSpec:
 
 
 @dataclass
-class ArrowBatch:
+class ArrowResult:
     """The outcome of a batch written by :func:`run`."""
 
     files: list[DataFile] = field(default_factory=list)
@@ -125,13 +125,13 @@ def _ipc(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def process_partition(spec: ArrowBatchSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def process_partition(spec: ArrowTaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body: one task's Kafka rows → its files, positions and keys, or a decline."""
     yield from process_tables({"": spec}, {}, batches)
 
 
 def process_tables(
-    specs: dict[str, ArrowBatchSpec], targets: dict[str, str], batches: Iterator[pa.RecordBatch]
+    specs: dict[str, ArrowTaskSpec], targets: dict[str, str], batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` body for a batch of several tables: each topic's rows are written into its
     table (``targets``: topic → table, ``specs``: table → spec; with one table, ``""``)."""
@@ -205,7 +205,7 @@ class Ranges:
 
 
 def process_ranges(
-    specs: dict[str, ArrowBatchSpec],
+    specs: dict[str, ArrowTaskSpec],
     targets: dict[str, str],
     read: RangeRead,
     ranges: Iterable[Range],
@@ -234,7 +234,7 @@ class TaskTable:
     What a task holds is one chunk of raw records and the rows it keeps (per key, in upsert mode; every
     change but deletes in append mode), declining past ``max_task_bytes`` of them."""
 
-    def __init__(self, spec: ArrowBatchSpec, target: str) -> None:
+    def __init__(self, spec: ArrowTaskSpec, target: str) -> None:
         self.spec = spec
         self.target = target
         self.declined: str | None = None
@@ -346,9 +346,9 @@ def _keys_in_two_tasks(blobs: list[bytes]) -> bool:
 
 def run(
     records: DataFrame | Ranges,
-    spec: ArrowBatchSpec,
+    spec: ArrowTaskSpec,
     check_schemas: Callable[[set[str]], str | None] | None = None,
-) -> ArrowBatch:
+) -> ArrowResult:
     """Write one batch of Kafka rows in one Spark job; raises Declined (having deleted its files) when
     a task declined, a key turned up in two tasks, or ``check_schemas`` gives a reason not to take
     the events' schema sections (a schema the table must evolve for first). ``records``: the rows
@@ -373,16 +373,16 @@ def run(
 class TableSpec:
     """One table of a batch of several: what its tasks need, its topics, how to check its schemas."""
 
-    spec: ArrowBatchSpec
+    spec: ArrowTaskSpec
     topics: list[str]
     check_schemas: Callable[[set[str]], str | None] | None = None
 
 
 def run_tables(
     records: DataFrame | Ranges, tables: dict[str, TableSpec], tasks: int
-) -> dict[str, ArrowBatch | str]:
+) -> dict[str, ArrowResult | str]:
     """Write a batch of several tables in one Spark job: each Kafka partition's rows go into its
-    topic's table. Per table, its :class:`ArrowBatch`, or why it was declined (its files deleted):
+    topic's table. Per table, its :class:`ArrowResult`, or why it was declined (its files deleted):
     the declined tables take Spark's path, the others are done.
 
     A database's topics are many and mostly small: Spark's one task per Kafka partition would spend
@@ -408,9 +408,9 @@ def run_tables(
 
 
 def _outcome(
-    spec: ArrowBatchSpec, rows: list[Any], check_schemas: Callable[[set[str]], str | None] | None
-) -> ArrowBatch | str:
-    """One table's rows of the job's output → its ArrowBatch, or the reason it is declined."""
+    spec: ArrowTaskSpec, rows: list[Any], check_schemas: Callable[[set[str]], str | None] | None
+) -> ArrowResult | str:
+    """One table's rows of the job's output → its ArrowResult, or the reason it is declined."""
     files = [from_json(json.loads(r.text)) for r in rows if r.kind == "file"]
     declined = [r.text for r in rows if r.kind == "declined"]
     summaries = [(json.loads(r.text), r.blob) for r in rows if r.kind == "summary"]
@@ -423,7 +423,7 @@ def _outcome(
     if declined:
         _delete_quietly(spec.write, files)
         return declined[0]
-    result = ArrowBatch(
+    result = ArrowResult(
         files=files, rows=[pa.ipc.open_stream(r.blob).read_all() for r in rows if r.kind == "rows"]
     )
     newest_us: int | None = None
