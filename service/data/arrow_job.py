@@ -77,7 +77,7 @@ class ArrowResult:
 def _positions(table: pa.Table) -> list[dict[str, int | str | None]]:
     """Per topic-partition: the newest record's timestamp (µs) and the value bytes.
 
-    Where the batch ends is not the last offset read (see service.kafka.lookups.batch_end_offsets)."""
+    Where the batch ends is not the last offset read (see service.pipeline.positions.batch_end_offsets)."""
     sizes = pc.fill_null(pc.binary_length(table["value"]), 0)
     grouped = (
         table.select(["topic", "partition"])

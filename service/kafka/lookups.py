@@ -9,14 +9,13 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from service.config import KafkaConfig
-from service.model.offsets import Offsets, offsets_from_json
+from service.model.offsets import Offsets
 
 logger = logging.getLogger(__name__)
 # librdkafka's own log lines go through Python logging (JSON when configured), never raw to stderr.
@@ -184,33 +183,6 @@ def _offsets(kafka: KafkaConfig, parts: Mapping[str, list[int]], timeout_s: floa
     for (topic, p), (low, high) in marks.items():
         result.setdefault(topic, {})[p] = high if end else low
     return result
-
-
-def starting_offsets(parts: Mapping[str, list[int]], committed: Offsets) -> str:
-    """Spark's ``startingOffsets`` JSON: the committed offsets, and the earliest for any other partition.
-
-    A partition without a committed offset is one added after the sink's first start (a
-    ``starting_offsets: latest`` is resolved and committed for every partition before anything is
-    read), so everything in it is new to the sink. Spark requires every partition of a subscribed
-    topic to be listed when offsets are explicit.
-    """
-    spec = {
-        topic: {str(p): committed.get(topic, {}).get(p, EARLIEST) for p in ps} for topic, ps in parts.items()
-    }
-    return json.dumps(spec)
-
-
-def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
-    """Where Spark's Kafka source ends micro-batch ``batch_id``: its entry in the checkpoint's offset log.
-
-    Spark writes the entry before it runs the batch (``v1``, a metadata line, then one line per
-    source: this query has one). The batch's records alone can't say where it ends: records of
-    aborted transactions and transaction markers take offsets but are never read, so the offset
-    after the last record read may fall short, and committing it would leave the sink's lag above
-    zero for good and make every restart read the markers again.
-    """
-    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
-    return offsets_from_json(json.loads(lines[2]))
 
 
 @dataclass(frozen=True)

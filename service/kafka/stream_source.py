@@ -8,7 +8,7 @@ record crosses from the JVM to Python. Spark's decoder, for a batch the Arrow de
 the records as a DataFrame read from the same ranges (:class:`service.kafka.records.KafkaRecords`).
 
 The source's offsets have the shape of Spark's Kafka source (``{topic: {"partition": offset}}``), so
-the checkpoint's offset log is read the same way (:func:`service.kafka.lookups.batch_end_offsets`).
+the checkpoint's offset log is read the same way (:func:`service.pipeline.positions.batch_end_offsets`).
 The planning methods run in a Python process the driver's JVM starts: what they need travels in the
 class (:func:`source_class`), pickled by value, never through Spark options, which the plan shows.
 """
@@ -26,12 +26,12 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from service.kafka.lookups import EARLIEST  # a partition's start before it is resolved
 from service.kafka.reader import RANGE_SCHEMA, OffsetRange
 from service.model.offsets import Offsets, merge_offsets, offsets_from_json, offsets_to_json
 
 logger = logging.getLogger(__name__)
 FORMAT = "icesink_kafka"
-EARLIEST = -2  # a partition's start before it is resolved: its earliest offset
 
 
 @dataclass(frozen=True)

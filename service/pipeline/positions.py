@@ -18,17 +18,47 @@ sink keeps track of:
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping
+from pathlib import Path
 
 from service.config import KafkaConfig
-from service.kafka.lookups import batch_end_offsets, earliest_offsets, end_offsets, starting_offsets
+from service.kafka.lookups import EARLIEST, earliest_offsets, end_offsets
 from service.kafka.reader import OffsetRange
 from service.kafka.stream_source import batch_ranges
-from service.model.offsets import Offsets, merge_offsets
+from service.model.offsets import Offsets, merge_offsets, offsets_from_json
 
 logger = logging.getLogger(__name__)
 
 Partitions = dict[str, list[int]]
+
+
+def starting_offsets(parts: Mapping[str, list[int]], committed: Offsets) -> str:
+    """Spark's ``startingOffsets`` JSON: the committed offsets, and the earliest for any other partition.
+
+    A partition without a committed offset is one added after the sink's first start (a
+    ``starting_offsets: latest`` is resolved and committed for every partition before anything is
+    read), so everything in it is new to the sink. Spark requires every partition of a subscribed
+    topic to be listed when offsets are explicit.
+    """
+    spec = {
+        topic: {str(p): committed.get(topic, {}).get(p, EARLIEST) for p in ps} for topic, ps in parts.items()
+    }
+    return json.dumps(spec)
+
+
+def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
+    """Where Spark's Kafka source ends micro-batch ``batch_id``: its entry in the checkpoint's offset log.
+
+    Spark writes the entry before it runs the batch (``v1``, a metadata line, then one line per
+    source: this query has one). The batch's records alone can't say where it ends: records of
+    aborted transactions and transaction markers take offsets but are never read, so the offset
+    after the last record read may fall short, and committing it would leave the sink's lag above
+    zero for good and make every restart read the markers again.
+    """
+    lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
+    return offsets_from_json(json.loads(lines[2]))
 
 
 class Positions:
