@@ -90,9 +90,9 @@ def test_sequence_of_operations_survives_restart(
     done.set()
     for w in workers:
         w.join(timeout=60)
+    assert "transient database error" in caplog.text, "the restart never interrupted an operation"
     for w in workers:
         w.check()
-    assert "transient database error" in caplog.text, "the restart never interrupted an operation"
 
 
 def test_committing_block_survives_restart(
