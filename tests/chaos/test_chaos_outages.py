@@ -2,9 +2,17 @@
 
 Postgres (the txnlog, and the REST catalog's JDBC store) is restarted, the REST catalog and MinIO are
 stopped, the Kafka broker is restarted — one after the other, ``ICESINK_CHAOS_OUTAGE_S`` seconds each
-(default 20), with ``dev/stack stop/start`` (always started again). After each outage the sink must
-commit again. It retries in-process with bounded backoff where it can; should it exit instead (a
-supervisor's restart is the documented recovery for long outages), the test restarts it and says so.
+(default 20), with ``dev/stack stop/start`` (always started again). Each outage is shown to have
+reached the sink before anything else is checked: its log written while the server was down holds a
+failed attempt naming that server's address. Then the sink must commit again. It retries in-process
+with bounded backoff where it can; should it exit instead (a supervisor's restart is the documented
+recovery for long outages), the test restarts it and says so — but only an exit with an error that
+names the server that is down: any other exit fails the test.
+
+Postgres goes down while a commit waits at a fail point with the txnlog row locked; S3 while a
+commit, its files written, waits for the txnlog row the test holds (production paused): the commit
+then writes its manifests to an object store that is gone. (A batch would first load the table from
+the catalog, which retries its own S3 reads for longer than the outage: the sink would only wait.)
 
 Records that can't be decoded are produced while the catalog is down: the batch fails as a whole
 and is retried, and only those records — each exactly once — reach the dead-letter topic.
@@ -13,29 +21,70 @@ At the end the table equals the model through both readers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
 
 from service.sample import envelope_schema
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink, SinkRun
+from txnlog.dsn import parse_dsn
+from txnlog.schema import tables
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1800)]  # slow machines: beyond the default 900 s
 
 OUTAGE_S = float(os.environ.get("ICESINK_CHAOS_OUTAGE_S", "20"))
-RETRY_LINES = (
-    "transient database error",
-    "outcome unknown or catalog unavailable",
-    "writing the batch failed",
-    "locking the sink row again",
-    "conflicted",
-)
+EXIT_FAILED = 1  # service.cli: an error the sink did not handle (a restart may mend it)
+# A line that reports an attempt that failed (and is retried, or ends the sink).
+FAILED = re.compile(r"fail|error|refused|timed out|unavailable|could not|cannot|lost|did not answer", re.I)
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A server of the stack going away: its ``dev/stack`` name and where the sink reaches it."""
+
+    server: str
+    kind: str
+    host: str
+    port: int
+    gave_up: str = ""  # besides its address: how the sink's (or the catalog's) errors name this server
+
+    def address(self) -> re.Pattern[str]:
+        """The address as clients print it: ``host:port``, ``host', port=port``, ``"host", port port``."""
+        return re.compile(rf"{re.escape(self.host)}\W{{1,12}}(?:port\W{{1,3}})?{self.port}\b")
+
+    def failures(self, log: str) -> list[str]:
+        """The lines of ``log`` that report a failed attempt against this server, naming it."""
+        return [line for line in log.splitlines() if FAILED.search(line) and self.address().search(line)]
+
+    def named_in(self, error: str) -> bool:
+        return bool(self.address().search(error) or (self.gave_up and re.search(self.gave_up, error)))
+
+
+def outages(stack: Any) -> list[Outage]:
+    pg = make_url(stack.pg_dsn)
+    rest, s3 = urlsplit(stack.rest_uri), urlsplit(stack.s3_endpoint)
+    kafka_host, _, kafka_port = stack.kafka_bootstrap.rpartition(":")
+    return [
+        # The REST catalog's JDBC store is this Postgres too: its errors say SQLException, no address.
+        Outage("postgres", "restart", pg.host or "127.0.0.1", pg.port or 5432, gave_up=r"SQLException"),
+        Outage("rest", "down", rest.hostname or "127.0.0.1", rest.port or 80),
+        Outage("s3", "down", s3.hostname or "127.0.0.1", s3.port or 80),
+        # The sink's own errors for an unreachable broker (service.kafka) carry no address.
+        Outage("kafka", "restart", kafka_host, int(kafka_port), gave_up=r"Kafka (at \S+ )?did not answer"),
+    ]
 
 
 def bad_records(sink: Sink) -> list[tuple[str | None, str]]:
@@ -81,8 +130,16 @@ def dead_letters(bootstrap: str, topic: str, expected: int, timeout: float = 60)
     return letters
 
 
+def uncaught_error(log: str) -> str:
+    """What an exited sink printed of the error it did not handle: its traceback, chained causes
+    included (from the first traceback at the start of a line), to the end of ``log``."""
+    at = re.search(r"^Traceback \(most recent call last\):$", log, re.M)
+    return log[at.start() :] if at else ""
+
+
 class Supervisor:
-    """Keeps one sink process running, restarting it if it exits, like a Deployment would."""
+    """Keeps one sink process running, restarting it if it exits, like a Deployment would — but only
+    when the exit is an error naming the server that is down (any other exit fails the test)."""
 
     def __init__(self, sink: Sink, env: dict[str, str] | None = None) -> None:
         self.sink = sink
@@ -96,12 +153,38 @@ class Supervisor:
     def commits(self) -> int:
         return sum(h.committed_count(r) for r in self.runs)
 
-    def wait_for_commits(self, target: int, timeout: float) -> None:
+    def mark(self) -> list[int]:
+        """Where each run's log ends now: :meth:`log_since` returns what was written after."""
+        return [r.log_path.stat().st_size for r in self.runs]
+
+    def log_since(self, mark: list[int], run: int | None = None) -> str:
+        """What the runs (or run number ``run``) logged since ``mark`` (all of a run started since)."""
+
+        def since(i: int) -> str:
+            data = self.runs[i].log_path.read_bytes()
+            return data[mark[i] if i < len(mark) else 0 :].decode(errors="replace")
+
+        return since(run) if run is not None else "".join(since(i) for i in range(len(self.runs)))
+
+    def wait_for_commits(
+        self, target: int, timeout: float, outage: Outage | None = None, mark: list[int] | None = None
+    ) -> None:
+        """Wait for ``target`` commits in all; a run that exits is restarted if it exited with an
+        error naming ``outage``'s server (in what it logged since ``mark``, when the server went down)."""
         deadline = time.monotonic() + timeout
         while self.commits() < target:
             if self.run.process.poll() is not None:
-                self.exits.append(self.run.process.returncode)
-                print(f"the sink exited {self.run.process.returncode}; restarting it")
+                code = self.run.process.returncode
+                error = uncaught_error(self.log_since(mark or [], len(self.runs) - 1))
+                assert outage is not None, (
+                    f"the sink exited {code} with every server up:\n{self.run.log()[-5000:]}"
+                )
+                assert code == EXIT_FAILED and outage.named_in(error), (
+                    f"the sink exited {code} after {outage.server} went down, but not of an error naming it "
+                    f"({outage.host}:{outage.port}):\n{(error or self.run.log())[-5000:]}"
+                )
+                self.exits.append(code)
+                print(f"the sink exited {code} ({outage.server} down); restarting it")
                 self.runs.append(h.start(self.sink))
             assert time.monotonic() < deadline, (
                 f"no progress within {timeout:.0f}s ({self.commits()} of {target} commits):\n"
@@ -109,8 +192,55 @@ class Supervisor:
             )
             time.sleep(1)
 
-    def log(self) -> str:
-        return "".join(r.log() for r in self.runs)
+
+@contextlib.contextmanager
+def txnlog_row_held(sink: Sink) -> Iterator[Callable[[], bool]]:
+    """The sink's txnlog row locked by another session for the block (as a claimer would); yields
+    whether a session of the sink now waits for it."""
+    sinks = tables(sink.config["txnlog"].get("schema", "icesink")).sinks
+    engine = create_engine(parse_dsn(os.environ["ICESINK_PG_DSN"]))
+
+    try:
+        with engine.connect() as holder:
+            holder.execute(select(sinks.c.sink_id).where(sinks.c.sink_id == sink.name).with_for_update())
+            pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+            def sink_waits() -> bool:
+                with engine.connect() as conn:  # a transaction of its own: pg_stat_activity is a snapshot
+                    query = text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"
+                    )
+                    return bool(conn.execute(query, {"pid": pid}).scalar_one())
+
+            yield sink_waits
+            holder.rollback()
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def server_down(outage: Outage, sink: Sink, run: SinkRun) -> Iterator[float]:
+    """``dev/stack stop`` the server for the block (yields when it was stopped, ``time.monotonic()``);
+    it is started again whatever happens.
+
+    S3 goes away while a commit, its files written, is about to write its manifests: with nothing
+    else in flight (the producer paused by the caller), one record is produced and its batch's
+    commit waits for the txnlog row this test holds; the row is let go once S3 is down. (A commit
+    behind another batch's write, or a batch's write, would first load the table from the catalog,
+    which retries its own S3 reads for longer than the outage: the sink would only wait.)
+    """
+    try:
+        if outage.server == "s3":
+            h.wait_caught_up(sink, run)
+            with txnlog_row_held(sink) as sink_waits:
+                sink.produce(1)
+                h.wait_until(sink_waits, 120, "the sink's commit to wait for its txnlog row")
+                h.dev_stack("stop", outage.server)
+        else:
+            h.dev_stack("stop", outage.server)
+        yield time.monotonic()
+    finally:
+        h.dev_stack("start", outage.server)
 
 
 def test_outages_of_every_server(make_sink: Any, spark: Any, stack: Any) -> None:
@@ -124,7 +254,6 @@ def test_outages_of_every_server(make_sink: Any, spark: Any, stack: Any) -> None
         source={"decoder": "spark"},
     )
     sink.produce(300)
-    outages = [("postgres", "restart"), ("rest", "down"), ("s3", "down"), ("kafka", "restart")]
     if stack.s3_server != "minio":
         pytest.fail(f"the object store outage needs MinIO (moto keeps its data in memory): {stack.s3_server}")
     bad = bad_records(sink)
@@ -132,35 +261,38 @@ def test_outages_of_every_server(make_sink: Any, spark: Any, stack: Any) -> None
         # The 2nd commit waits 8s at a fail point with the txnlog row locked: Postgres goes down then.
         sup = Supervisor(sink, env={"ICESINK_FAILPOINTS": "during_catalog_commit=delay:8@2"})
         sup.wait_for_commits(1, timeout=400)
-        for server, kind in outages:
+        for outage in outages(stack):
+            server = outage.server
             if server == "postgres":
                 sup.run.wait_for_log("fail point during_catalog_commit: delay", timeout=400)
-            before, exits, started = sup.commits(), len(sup.exits), time.monotonic()
-            lines_before = {line: sup.log().count(line) for line in RETRY_LINES}
-            if server == "kafka":
-                with producer.paused(), h.server_down(server):
-                    time.sleep(OUTAGE_S)
-            else:
-                with h.server_down(server):
-                    if server == "rest":
-                        produce_raw(sink, bad)  # in the batch that can't be committed now
-                    time.sleep(OUTAGE_S)
+            assert sup.run.process.poll() is None, f"the sink is not running:\n{sup.run.log()[-5000:]}"
+            before, exits, mark = sup.commits(), len(sup.exits), sup.mark()
+            # No production while Kafka is down (the model must match Kafka), nor while S3 is (its
+            # story needs the sink idle but for one commit).
+            quiet = producer.paused() if server in ("kafka", "s3") else contextlib.nullcontext()
+            with quiet, server_down(outage, sink, sup.run) as started:
+                if server == "rest":
+                    produce_raw(sink, bad)  # in the batch that can't be committed now
+                time.sleep(OUTAGE_S)
             down = time.monotonic() - started
-            sup.wait_for_commits(before + 2, timeout=600)
-            retries = {
-                line: n - lines_before[line]
-                for line in RETRY_LINES
-                if (n := sup.log().count(line)) > lines_before[line]
-            }
+            # The sink noticed: an attempt against the server failed while it was down.
+            noticed = outage.failures(sup.log_since(mark))
+            assert noticed, (
+                f"nothing in the sink's log while {server} was down ({down:.0f}s) names a failed attempt "
+                f"against {outage.host}:{outage.port}:\n{sup.log_since(mark)[-5000:]}"
+            )
+            sup.wait_for_commits(before + 2, timeout=600, outage=outage, mark=mark)
             restarted = sup.exits[exits:]
             how = f"exited {restarted} and was restarted" if restarted else "retried in-process"
-            h.FIGURES.outages.append(f"{server} {kind} ({down:.0f}s: {how})")
+            h.FIGURES.outages.append(f"{server} {outage.kind} ({down:.0f}s: {how})")
             if server == "postgres" and not restarted:
                 # It was in the middle of a commit, holding the row lock: the lock went with the session.
-                assert retries.get("locking the sink row again"), f"no re-lock after the restart: {retries}"
+                relocks = sup.log_since(mark).count("locking the sink row again")
+                assert relocks, "no re-lock after the restart"
             print(
-                f"{server} {kind}: down {down:.0f}s, {how}; back to committing "
-                f"{time.monotonic() - started - down:.0f}s after; retry log lines: {retries}"
+                f"{server} {outage.kind}: down {down:.0f}s, {how}; back to committing "
+                f"{time.monotonic() - started - down:.0f}s after; {len(noticed)} failed attempt(s) "
+                f"naming it, the first: {noticed[0][:300]}"
             )
     h.wait_caught_up(sink, sup.run)
     h.stop_gracefully(sup.run)

@@ -6,12 +6,13 @@ landed once, twice or not at all.
 
 from __future__ import annotations
 
-import threading
-import time
+import logging
 from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
@@ -20,9 +21,9 @@ from readers import duckdb_connect
 from service.commit.committer import Committer, find_commit
 from service.commit.plan import PendingCommit, new_snapshot_id
 from service.data.files import OP_COLUMN, WriteSpec, write_files
-from service.failpoints import configure as configure_failpoints
+from service.iceberg.tables import KnownTables
 from service.maintenance.orphans import list_files
-from service.metrics import noop_metrics
+from service.metrics import SinkMetrics, noop_metrics
 from service.model.columns import column_from_config, iceberg_schema
 from tests.sink.expect import assert_seqs_increasing, send_txnlog_back
 from txnlog import Fenced, Phase, TransactionLog
@@ -73,6 +74,21 @@ def committer(log: TransactionLog, catalog: Catalog, sink_id: str, owner: str) -
 
 def snapshots_of(catalog: Catalog, table: Table, sink_id: str) -> list[int]:
     return assert_seqs_increasing(catalog, ".".join(table.name()), sink_id)
+
+
+def commit_failures(reader: InMemoryMetricReader) -> dict[str, int]:
+    """``icesink.commit.failures`` by ``error.type``, as the reader collected it."""
+    data = reader.get_metrics_data()
+    points = [
+        p
+        for rm in (data.resource_metrics if data else [])
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "icesink.commit.failures"
+        for p in m.data.data_points
+        if isinstance(p, NumberDataPoint)
+    ]
+    return {str((p.attributes or {})["error.type"]): int(p.value) for p in points}
 
 
 def test_crash_after_precommit_is_resumed_with_the_same_files(
@@ -154,36 +170,48 @@ def test_zombie_writer_is_fenced_and_writes_nothing(
 
 
 def test_concurrent_writer_conflict_is_retried_without_loss(
-    log: TransactionLog, rest_catalog: Catalog, table: Table, unique_name: Callable[[str], str]
+    log: TransactionLog,
+    rest_catalog: Catalog,
+    table: Table,
+    unique_name: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Another writer commits between our snapshot's build and its commit: rebuilt on the new parent."""
+    """Another writer commits between the sink's load of the table and its commit: the catalog
+    rejects the snapshot built on the old parent, and it is rebuilt on the new one."""
     sink_id = unique_name("sink")
-    ours = committer(log, rest_catalog, sink_id, "a")
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    known = KnownTables()  # the table as the sink loaded it: its first attempt builds on this
+    name = ".".join(table.name())
+    known.put(name, rest_catalog.load_table(name), loaded=True)
+    ours = Committer(
+        log,
+        log.claim(sink_id, "a"),
+        rest_catalog,
+        SinkMetrics(provider.get_meter("icesink"), sink_id, name),
+        max_attempts=5,
+        known=known,
+    )
     pending = pending_for(table, [(1, "ours", "c")], offset=1)
-    configure_failpoints("during_catalog_commit=delay:3")
-    errors: list[BaseException] = []
+    theirs = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+    rest_catalog.load_table(name).append(pa.table({"id": [99], "v": ["theirs"]}, schema=theirs))
 
-    def run() -> None:
-        try:
-            ours.commit(pending)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+    caplog.set_level(logging.WARNING, logger="service.channel.committer")
+    ours.commit(pending)
+    failures = commit_failures(reader)
+    provider.shutdown()
 
-    try:
-        worker = threading.Thread(target=run)
-        worker.start()
-        time.sleep(1.5)  # our snapshot is built and waiting at the fail point
-        other = rest_catalog.load_table(".".join(table.name()))
-        theirs = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
-        other.append(pa.table({"id": [99], "v": ["theirs"]}, schema=theirs))
-        worker.join(60)
-    finally:
-        configure_failpoints("")
-    assert not errors, errors
-    final = rest_catalog.load_table(".".join(table.name()))
+    # The conflict happened: one attempt rejected and counted as a conflict, then the retry landed.
+    assert failures == {"conflict": 1}, caplog.text
+    conflicted = [r.getMessage() for r in caplog.records if "conflicted (attempt 1/5)" in r.getMessage()]
+    assert len(conflicted) == 1 and name in conflicted[0], caplog.text
+
+    final = rest_catalog.load_table(name)
     assert len(final.metadata.snapshots) == 2
-    assert final.current_snapshot().snapshot_id == pending.snapshot_id
-    assert final.metadata.snapshot_by_id(final.current_snapshot().parent_snapshot_id) is not None
+    current = final.current_snapshot()
+    assert current is not None and current.snapshot_id == pending.snapshot_id
+    assert current.parent_snapshot_id is not None  # theirs, under ours
+    assert final.metadata.snapshot_by_id(current.parent_snapshot_id) is not None
     assert snapshots_of(rest_catalog, table, sink_id) == [1]
     con = duckdb_connect()
     rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()

@@ -90,23 +90,37 @@ def test_sequence_of_operations_survives_restart(
     done.set()
     for w in workers:
         w.join(timeout=60)
+    assert "transient database error" in caplog.text, "the restart never interrupted an operation"
     for w in workers:
         w.check()
-    assert "transient database error" in caplog.text, "the restart never interrupted an operation"
 
 
 def test_committing_block_survives_restart(
-    make_log: MakeLog, sink_id: str, restart_postgres: Callable[[], None]
+    make_log: MakeLog,
+    sink_id: str,
+    restart_postgres: Callable[[], None],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The locked session dies with the server; the flip falls back to a conditional commit."""
+    caplog.set_level(logging.WARNING, logger="txnlog")
     log = make_log()
     lease = log.claim(sink_id, "pod-a")
     log.precommit(lease, {"batch": 1})
     with log.committing(lease) as handle:
         restart_postgres()  # meanwhile: "the Iceberg commit"
+
+    # The flip on the locked session failed and the conditional commit finished it: the log says so
+    # once, for this sink's seq 1 (txnlog.log.TransactionLog.committing).
+    fallbacks = [r for r in caplog.records if "finishing with a conditional commit" in r.getMessage()]
+    assert len(fallbacks) == 1, f"no fallback to a conditional commit: {caplog.text}"
+    args = fallbacks[0].args
+    assert isinstance(args, tuple) and args[:2] == (sink_id, 1), fallbacks[0].getMessage()
+    assert "lost the locked session" in fallbacks[0].getMessage()
     assert handle.committed is not None
     assert (handle.committed.phase, handle.committed.committed_payload) == (Phase.COMMITTED, {"batch": 1})
     assert log.state(sink_id) == handle.committed
+    commits = [e for e in log.history(sink_id) if e.action is Action.COMMIT]
+    assert [e.seq for e in commits] == [1], "the plan was committed once, by the fallback"
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
