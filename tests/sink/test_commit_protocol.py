@@ -196,7 +196,7 @@ def test_concurrent_writer_conflict_is_retried_without_loss(
     theirs = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
     rest_catalog.load_table(name).append(pa.table({"id": [99], "v": ["theirs"]}, schema=theirs))
 
-    caplog.set_level(logging.WARNING, logger="service.channel.committer")
+    caplog.set_level(logging.WARNING, logger="service.commit.committer")
     ours.commit(pending)
     failures = commit_failures(reader)
     provider.shutdown()
