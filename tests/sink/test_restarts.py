@@ -58,6 +58,9 @@ def sigkill_mid_workload(sink: Sink, run: SinkRun) -> SinkState:
     members = live_group_members(pgid)
     assert run.process.poll() is None, f"the sink exited ({run.process.returncode}) before the kill"
     assert len(members) > 1, f"no Spark JVM in the sink's process group: {members}"
+    # A burst just before the kill: between two of the producer's small rounds the sink may have
+    # caught up, and a kill then would land on an idle sink, not mid-workload.
+    sink.produce(300)
     produced = end_offsets(sink)
     run.kill(signal.SIGKILL)
     code = run.wait(120)
