@@ -15,6 +15,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +52,16 @@ def txnlog_state(sink: Sink) -> SinkState:
     return state
 
 
-def sigkill_mid_workload(sink: Sink, run: SinkRun) -> SinkState:
+def sigkill_mid_workload(sink: Sink, run: SinkRun, burst: Callable[[], object]) -> SinkState:
     """SIGKILL the streaming sink's process group and prove the kill landed mid-workload; returns the
-    txnlog row the kill left (phase ``precommit``: it landed mid-commit)."""
+    txnlog row the kill left (phase ``precommit``: it landed mid-commit). ``burst`` produces changes
+    right before the kill: between the producer's small rounds the sink may have caught up, and a
+    kill then would land on an idle sink."""
     pgid = run.process.pid
     members = live_group_members(pgid)
     assert run.process.poll() is None, f"the sink exited ({run.process.returncode}) before the kill"
     assert len(members) > 1, f"no Spark JVM in the sink's process group: {members}"
-    # A burst just before the kill: between two of the producer's small rounds the sink may have
-    # caught up, and a kill then would land on an idle sink, not mid-workload.
-    sink.produce(300)
+    burst()
     produced = end_offsets(sink)
     run.kill(signal.SIGKILL)
     code = run.wait(120)
@@ -82,10 +83,15 @@ def test_killed_and_restarted_mid_workload(make_sink: Any, spark: Any) -> None:
     sink: Sink = make_sink(partition_by=["country"], keys=150, commit={"trigger_interval": "500ms"})
     rng = random.Random(3)
     stop = threading.Event()
+    producing = threading.Lock()  # one producer at a time: a key's changes reach Kafka in model order
+
+    def produce(n: int) -> None:
+        with producing:
+            sink.produce(n)
 
     def keep_producing() -> None:
         while not stop.is_set():
-            sink.produce(60)
+            produce(60)
             stop.wait(0.3)
 
     producer = threading.Thread(target=keep_producing, daemon=True)
@@ -99,7 +105,7 @@ def test_killed_and_restarted_mid_workload(make_sink: Any, spark: Any) -> None:
                 run.wait_for_log(f"recovering sink {sink.name}: plan seq {left.seq} ", timeout=240)
             run.wait_for_log("committed seq", count=1 + rng.randint(0, 2), timeout=240)
             if how == signal.SIGKILL:
-                left = sigkill_mid_workload(sink, run)
+                left = sigkill_mid_workload(sink, run, lambda: produce(300))
             else:
                 left = None
                 run.kill(how)
