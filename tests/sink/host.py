@@ -392,7 +392,8 @@ class SinkHost:
         self.log = self._dir / "host.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def _ensure(self) -> None:
+    def _ensure(self, env: Mapping[str, str]) -> None:
+        """A host running, started with ``env`` if it was not (as a sink process would be)."""
         if self.process is not None and self.process.poll() is None:
             return
         with contextlib.suppress(FileNotFoundError):
@@ -400,6 +401,7 @@ class SinkHost:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.sink.host", self.address, str(self.log)],
             cwd=REPO,
+            env=dict(env),
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -427,7 +429,7 @@ class SinkHost:
 
     def start(self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> HostedProcess | None:
         """Start ``icesink <argv>`` in the host, logging to ``log``; None if the host declines it."""
-        self._ensure()
+        self._ensure(env)
         run_id = uuid.uuid4().hex
         conn = self._connect()
         request = {
