@@ -184,14 +184,17 @@ class Sink:
     def cli(
         self, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
+        """`icesink <args> --config <this sink>` run to its end, its output captured (in the sink host
+        for the commands that start no Spark: tests/sink/host.py)."""
         self.save()
-        return subprocess.run(
-            [*ICESINK, *args, "--config", str(self.path)],
+        argv, environment = [*args, "--config", str(self.path)], _environment(env)
+        return host.run(argv, environment, timeout, REPO) or subprocess.run(
+            [*ICESINK, *argv],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=_environment(env),
+            env=environment,
         )
 
 

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import logging
 import os
 import queue
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +49,17 @@ from typing import Any, BinaryIO
 
 REPO = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("ICESINK_TEST_SINK_HOST", "1") != "0"
-HOSTED_ARGS = ("run", "--until-caught-up")
+# What the host runs: ``icesink run --until-caught-up`` (its output to the run's log file, as a process
+# writes it), and the commands that start no Spark (their output returned, as ``subprocess.run`` with
+# ``capture_output`` returns it).
+HOSTED_RUN = ("run", "--until-caught-up")
+HOSTED_COMMANDS = (
+    ("status",),
+    ("orphans",),
+    ("txnlog", "reseed"),
+    ("txnlog", "abandon"),
+    ("offsets", "reset"),
+)
 # Variables that change from test to test in a pytest process: not part of what a run sees.
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 KILLED = -signal.SIGKILL
@@ -55,6 +67,13 @@ KILLED = -signal.SIGKILL
 
 def _comparable(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in VOLATILE_ENV}
+
+
+def hosted(argv: list[str], capture: bool) -> bool:
+    """Whether ``icesink <argv>`` is one the host runs (``capture``: a command whose output is returned)."""
+    if capture:
+        return any(tuple(argv[: len(c)]) == c for c in HOSTED_COMMANDS)
+    return argv[:-2] == list(HOSTED_RUN) and argv[-2] == "--config"
 
 
 # -- the host process ---------------------------------------------------------------------------------
@@ -222,13 +241,15 @@ class _Host:
         """Why the host does not run this request (the test then starts a process), or None."""
         from service.config import ConfigError, load_config
 
-        argv = request["argv"]
-        if argv[:-2] != list(HOSTED_ARGS) or argv[-2] != "--config":
-            return f"not `icesink {' '.join(HOSTED_ARGS)}`: {argv}"
+        argv, capture = request["argv"], bool(request.get("capture"))
+        if not hosted(argv, capture):
+            return "not a command the host runs"
         env = _comparable(request["env"])
         if env != self.env:
             changed = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
             return f"its environment differs from the host's: {', '.join(changed)}"
+        if capture:
+            return None
         try:
             config = load_config(argv[-1])
         except ConfigError as exc:
@@ -253,14 +274,26 @@ class _Host:
             _send(conn, {"accepted": False, "reason": reason})
             return
         self.current = request["id"]
+        if request.get("capture"):
+            _send(conn, {"accepted": True})
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = self.run(request["argv"])
+                finally:
+                    self.reset()
+            _send(conn, {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+            return
         with Path(request["log"]).open("ab", buffering=0) as log:
             self.output.switch(log)
             _send(conn, {"accepted": True})
+            started = time.monotonic()
             try:
                 code = self.run(request["argv"])
             finally:
                 self.output.switch(None)
                 self.reset()
+        self.note(f"ran {request['argv']}: exit {code} after {time.monotonic() - started:.1f}s")
         _send(conn, {"code": code})
 
     def run(self, argv: list[str]) -> int:
@@ -341,6 +374,7 @@ class HostedProcess:
         self._id = run_id
         self.args = args
         self.returncode: int | None = None
+        self.stdout = self.stderr = ""  # a command's output (``capture``)
 
     def _answer(self, timeout: float | None) -> int | None:
         if self.returncode is not None:
@@ -352,6 +386,7 @@ class HostedProcess:
         self._conn.close()
         # No answer: the host died under the run (as a killed process would).
         self.returncode = KILLED if answer is None else int(answer["code"])
+        self.stdout, self.stderr = (answer or {}).get("stdout", ""), (answer or {}).get("stderr", "")
         return self.returncode
 
     def poll(self) -> int | None:
@@ -427,8 +462,11 @@ class SinkHost:
                     raise
                 time.sleep(0.05)
 
-    def start(self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> HostedProcess | None:
-        """Start ``icesink <argv>`` in the host, logging to ``log``; None if the host declines it."""
+    def start(
+        self, argv: list[str], env: Mapping[str, str], cwd: Path, log: Path | None
+    ) -> HostedProcess | None:
+        """Start ``icesink <argv>`` in the host, logging to ``log`` (None: its output is returned);
+        None if the host declines it."""
         self._ensure(env)
         run_id = uuid.uuid4().hex
         conn = self._connect()
@@ -437,8 +475,9 @@ class SinkHost:
             "id": run_id,
             "argv": argv,
             "env": dict(env),
-            "log": str(log),
             "cwd": str(cwd),
+            "log": str(log),
+            "capture": log is None,
         }
         _send(conn, request)
         answer = _receive(conn)
@@ -451,6 +490,11 @@ class SinkHost:
         with contextlib.suppress(OSError), contextlib.closing(self._connect()) as conn:
             _send(conn, {"op": "signal", "id": run_id, "signum": signum})
             _receive(conn)
+
+    def close(self) -> None:
+        """Stop the host and remove its directory (the pytest process ends)."""
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     def stop(self, kill: bool = False) -> None:
         process, self.process = self.process, None
@@ -467,18 +511,41 @@ class SinkHost:
             process.wait()
 
 
-_host: SinkHost | None = None
+_the_host: SinkHost | None = None
+
+
+def _host() -> SinkHost:
+    global _the_host
+    if _the_host is None:
+        _the_host = SinkHost()
+        atexit.register(_the_host.close)
+    return _the_host
 
 
 def start(argv: list[str], env: Mapping[str, str], log: Path, cwd: Path = REPO) -> HostedProcess | None:
-    """``icesink <argv>`` in this pytest process's sink host, or None: the caller starts a process."""
-    global _host
-    if not ENABLED or list(argv[:2]) != list(HOSTED_ARGS):
+    """``icesink <argv>`` in this pytest process's sink host, writing to ``log``, or None: the caller
+    starts a process."""
+    if not ENABLED or not hosted(argv, capture=False):
         return None
-    if _host is None:
-        _host = SinkHost()
-        atexit.register(_host.stop)
-    return _host.start(argv, env, log, cwd)
+    return _host().start(argv, env, cwd, log)
+
+
+def run(
+    argv: list[str], env: Mapping[str, str], timeout: float, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str] | None:
+    """``icesink <argv>`` run to its end in the sink host, its output captured, or None: the caller
+    runs a process."""
+    if not ENABLED or not hosted(argv, capture=True):
+        return None
+    process = _host().start(argv, env, cwd, None)
+    if process is None:
+        return None
+    try:
+        code = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    return subprocess.CompletedProcess(argv, code, process.stdout, process.stderr)
 
 
 @contextlib.contextmanager
