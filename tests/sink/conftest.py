@@ -160,7 +160,8 @@ class Sink:
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
         argv, environment = [*args, "--config", str(self.path)], _environment(env)
         with log_path.open("w") as log:
-            process = host.start(argv, environment, log_path, REPO) or subprocess.Popen(
+            # A run with variables of its own is a process; so is one the sink host does not take.
+            process = (None if env else host.start(argv, environment, log_path, REPO)) or subprocess.Popen(
                 [*ICESINK, *argv],
                 cwd=REPO,
                 stdout=log,
@@ -188,7 +189,7 @@ class Sink:
         for the commands that start no Spark: tests/sink/host.py)."""
         self.save()
         argv, environment = [*args, "--config", str(self.path)], _environment(env)
-        return host.run(argv, environment, timeout, REPO) or subprocess.run(
+        return (None if env else host.run(argv, environment, timeout, REPO)) or subprocess.run(
             [*ICESINK, *argv],
             cwd=REPO,
             capture_output=True,

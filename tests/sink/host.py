@@ -2,25 +2,31 @@
 
 Most of a test's ``icesink run --until-caught-up`` is a new Python process, a new JVM and a new Spark
 session. Each pytest worker starts one *sink host* instead (``python -m tests.sink.host``, on first
-use, kept for the session): it runs ``icesink run --until-caught-up --config X`` in-process with
-:func:`service.cli.main`, the CLI's own entry point, so the exit code is the one the command would
-have exited with (an exception the CLI lets out is printed and answers 1, as Python's exit would).
-The sink's ``build_spark`` finds the host's Spark session and reuses it; the sink never stops it.
+use, kept for the session): it runs the command in-process with :func:`service.cli.main`, the CLI's
+own entry point, so the exit code is the one the command would have exited with (an exception the CLI
+lets out is printed and answers 1, as Python's exit would). The sink's ``build_spark`` finds the
+host's Spark session and reuses it; the sink never stops it. ``Sink.cli`` runs the commands that
+start no Spark (status, orphans, txnlog reseed/abandon, offsets reset) and ``run`` there too, their
+output captured as ``subprocess.run`` captures it.
 
 What a run leaves in the process is put back after it: the signal handlers the CLI installs, the
 logging set-up, the fail points, Spark's cached data. Everything the process, its JVM and its Spark
 Python workers write goes through one pipe, copied to the log file of the run in progress (the file
 a subprocess would have written), or to the host's own log between runs.
 
-The host declines a run (the test then starts a process, as before) when
-* it is busy with another run (two sinks started at once);
-* the test's environment differs from the host's (a fail point, a variable a test set, ...);
-* the configuration does not load, exports metrics, serves health probes, or names other Spark
-  settings (master, jars, conf) than the run that started the host's session.
-Runs a test signals (SIGTERM) get the CLI's own handler; a SIGKILL can only be approximated, so
-tests that kill or signal a sink on purpose start it without ``--until-caught-up`` (a process).
+A run is a process, as before, when
+* the test gives it variables of its own (a fail point, a credential, no jar list, ...);
+* the host is busy with another run (two sinks started at once);
+* its configuration does not load, exports metrics, serves health probes, or names other Spark
+  settings (master, jars, conf) than the run that started the host's session;
+* it is a command a test may kill or signal (``icesink run`` without ``--until-caught-up`` started in
+  the background, ``maintain``), or one with a Spark session of its own (``check``, ``maintain``).
+The host runs with the pytest process's environment, as a sink process would; it is started again
+when that changes (the ``spark`` fixture's Spark sets variables). A hosted run a test stops gets the
+CLI's own SIGTERM handler; a SIGKILL can only be approximated (a stop, then the host is killed).
 
-``ICESINK_TEST_SINK_HOST=0`` turns the host off: every run is a process.
+``ICESINK_TEST_SINK_HOST=0`` turns the host off: every run is a process. ``ICESINK_TEST_SINK_HOST_KEEP=1``
+keeps the host's log (its directory under the temporary directory), which names every run and decline.
 """
 
 from __future__ import annotations
@@ -70,10 +76,14 @@ def _comparable(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def hosted(argv: list[str], capture: bool) -> bool:
-    """Whether ``icesink <argv>`` is one the host runs (``capture``: a command whose output is returned)."""
-    if capture:
-        return any(tuple(argv[: len(c)]) == c for c in HOSTED_COMMANDS)
-    return argv[:-2] == list(HOSTED_RUN) and argv[-2] == "--config"
+    """Whether ``icesink <argv>`` is one the host runs: ``run --until-caught-up``; with ``capture`` (run
+    to its end, its output returned) also ``run`` and the commands that start no Spark."""
+    if argv[-2:-1] != ["--config"]:
+        return False
+    command = tuple(argv[:-2])
+    if command == HOSTED_RUN:
+        return True
+    return capture and (command == ("run",) or any(command[: len(c)] == c for c in HOSTED_COMMANDS))
 
 
 # -- the host process ---------------------------------------------------------------------------------
@@ -248,7 +258,7 @@ class _Host:
         if env != self.env:
             changed = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
             return f"its environment differs from the host's: {', '.join(changed)}"
-        if capture:
+        if argv[0] != "run":
             return None
         try:
             config = load_config(argv[-1])
@@ -274,18 +284,16 @@ class _Host:
             _send(conn, {"accepted": False, "reason": reason})
             return
         self.current = request["id"]
-        if request.get("capture"):
-            _send(conn, {"accepted": True})
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                try:
-                    code = self.run(request["argv"])
-                finally:
-                    self.reset()
-            _send(conn, {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
-            return
-        with Path(request["log"]).open("ab", buffering=0) as log:
-            self.output.switch(log)
+        # Captured: Python's stdout apart, and the rest (the CLI's log, Spark's) as stderr.
+        capture = bool(request.get("capture"))
+        stdout, stderr = io.StringIO(), io.BytesIO()
+        with contextlib.ExitStack() as stack:
+            if capture:
+                stack.enter_context(contextlib.redirect_stdout(stdout))
+                output: BinaryIO = stderr
+            else:
+                output = stack.enter_context(Path(request["log"]).open("ab", buffering=0))
+            self.output.switch(output)
             _send(conn, {"accepted": True})
             started = time.monotonic()
             try:
@@ -294,7 +302,10 @@ class _Host:
                 self.output.switch(None)
                 self.reset()
         self.note(f"ran {request['argv']}: exit {code} after {time.monotonic() - started:.1f}s")
-        _send(conn, {"code": code})
+        answer: dict[str, Any] = {"code": code}
+        if capture:
+            answer |= {"stdout": stdout.getvalue(), "stderr": stderr.getvalue().decode(errors="replace")}
+        _send(conn, answer)
 
     def run(self, argv: list[str]) -> int:
         """``icesink <argv>`` as the process would run it: its exit code."""
@@ -422,15 +433,34 @@ class SinkHost:
     """The pytest process's side of its sink host, started on first use."""
 
     def __init__(self) -> None:
+        # Its socket and log; ICESINK_TEST_SINK_HOST_KEEP=1 keeps the log (it says what each run did).
         self._dir = Path(tempfile.mkdtemp(prefix="icesink-sink-host-"))
         self.address = str(self._dir / "socket")
         self.log = self._dir / "host.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}  # the host's environment
+        self.active: HostedProcess | None = None  # the last run started in it
 
-    def _ensure(self, env: Mapping[str, str]) -> None:
-        """A host running, started with ``env`` if it was not (as a sink process would be)."""
+    def _note(self, message: str) -> None:
+        with self.log.open("a") as log:
+            print(f"sink host: {message}", file=log)
+
+    def _ensure(self, env: Mapping[str, str]) -> bool:
+        """A host running with ``env``, the environment a sink process would get: started if there is
+        none, or again if the pytest process's environment changed since (the ``spark`` fixture's
+        Spark sets variables). False if that would end a run in progress."""
         if self.process is not None and self.process.poll() is None:
-            return
+            wanted = _comparable(env)
+            if wanted == self.env:
+                return True
+            if self.active is not None and self.active.poll() is None:
+                return False
+            changed = sorted(k for k in {*wanted, *self.env} if wanted.get(k) != self.env.get(k))
+            self._note(f"the environment changed ({', '.join(changed)}): starting another host")
+            self.stop()
+        elif self.process is not None:
+            self._note(f"the host exited ({self.process.returncode}); starting another")
+        self.env = _comparable(env)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         self.process = subprocess.Popen(
@@ -445,6 +475,7 @@ class SinkHost:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the sink host did not start; its log:\n{self._log_tail()}")
             time.sleep(0.05)
+        return True
 
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(no log)"
@@ -467,7 +498,8 @@ class SinkHost:
     ) -> HostedProcess | None:
         """Start ``icesink <argv>`` in the host, logging to ``log`` (None: its output is returned);
         None if the host declines it."""
-        self._ensure(env)
+        if not self._ensure(env):
+            return None
         run_id = uuid.uuid4().hex
         conn = self._connect()
         request = {
@@ -484,7 +516,8 @@ class SinkHost:
         if answer is None or not answer["accepted"]:
             conn.close()
             return None
-        return HostedProcess(self, conn, run_id, argv)
+        self.active = HostedProcess(self, conn, run_id, argv)
+        return self.active
 
     def signal(self, run_id: str, signum: int) -> None:
         with contextlib.suppress(OSError), contextlib.closing(self._connect()) as conn:
@@ -494,7 +527,8 @@ class SinkHost:
     def close(self) -> None:
         """Stop the host and remove its directory (the pytest process ends)."""
         self.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if os.environ.get("ICESINK_TEST_SINK_HOST_KEEP") != "1":
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def stop(self, kill: bool = False) -> None:
         process, self.process = self.process, None
