@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import io
 import json
 import logging
@@ -321,19 +322,24 @@ class _Host:
             return 1
 
     def reset(self) -> None:
-        """Put back what the run changed in the process."""
+        """Put back what the run changed in the process, and let go of what it left."""
+        from pyspark.sql import SparkSession
+
         from service import failpoints
 
         for signum, handler in self.handlers.items():
             signal.signal(signum, handler)
         self.logging.restore()
         failpoints.configure("")
-        from pyspark.sql import SparkSession
-
+        # A run's job (its Kafka clients: threads, sockets; its txnlog) is held by the JVM's handle on
+        # its foreachBatch function (a py4j proxy) until the JVM collects that handle and py4j drops
+        # the proxy, in the background: the JVM collects now, Python after the next run.
+        gc.collect()
         session = SparkSession._instantiatedSession
-        if session is not None:
+        if session is not None and session._jvm is not None:
             with contextlib.suppress(Exception):
                 session.catalog.clearCache()
+                session._jvm.java.lang.System.gc()
 
     def session_alive(self) -> bool:
         from pyspark.sql import SparkSession
