@@ -49,6 +49,11 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except (SchemaError, SourceError, SparkJarsError, LogBehindTable, PlanUncommittable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
+    finally:
+        # The run's connections and server end with it, so that a process that runs the sink again
+        # (the test suite's warm Spark session, tests/sink/host.py) starts from none of them.
+        job.log.close()
+        health.close()
     return EXIT_OK
 
 

@@ -11,11 +11,20 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import FIGURES, write_report
+from tests.sink import host
 from tests.sink.conftest import REPO, make_sink
 
 __all__ = ["make_sink"]
 
 REPORT = Path(os.environ.get("ICESINK_CHAOS_REPORT") or REPO / ".cache" / "chaos" / "figures.json")
+
+
+@pytest.fixture(autouse=True)
+def _sinks_are_processes() -> Iterator[None]:
+    """Sinks are killed and servers restarted at random moments here: every sink is a process of its
+    own, none runs in the warm session of tests/sink/host.py."""
+    with host.disabled():
+        yield
 
 
 @pytest.fixture(autouse=True)

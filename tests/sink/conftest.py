@@ -20,6 +20,7 @@ import yaml
 from service.sample import Change, SampleSource, ensure_topic, produce
 from tests.cdc import CdcSource
 from tests.conftest import load_stack_env
+from tests.sink import host
 
 REPO = Path(__file__).resolve().parents[2]
 ICESINK = [sys.executable, "-m", "service.cli"]
@@ -57,9 +58,10 @@ def _environment(changes: Mapping[str, str | None] | None) -> dict[str, str]:
 
 @dataclass
 class SinkRun:
-    """A sink process started by a test."""
+    """A sink process started by a test, or a run in this pytest process's sink host (tests/sink/host.py:
+    the same exit code and log, in a warm Spark session)."""
 
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[str] | host.HostedProcess
     log_path: Path
 
     def wait(self, timeout: float = 300) -> int:
@@ -76,7 +78,9 @@ class SinkRun:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """SIGKILL takes the whole process group (Spark's JVM too), like a pod being killed; other
         signals go to the icesink process only, as Kubernetes sends SIGTERM to the main process."""
-        if self.process.poll() is None:
+        if isinstance(self.process, host.HostedProcess):
+            self.process.send_signal(sig)
+        elif self.process.poll() is None:
             if sig == signal.SIGKILL:
                 os.killpg(self.process.pid, sig)
             else:
@@ -154,16 +158,18 @@ class Sink:
         """Start `icesink <args> --config <this sink>` in the background (``run``, ``maintain``, ...)."""
         self.save()
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
-        log = log_path.open("w")
-        process = subprocess.Popen(
-            [*ICESINK, *args, "--config", str(self.path)],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_environment(env),
-            start_new_session=True,
-        )
+        argv, environment = [*args, "--config", str(self.path)], _environment(env)
+        with log_path.open("w") as log:
+            # A run with variables of its own is a process; so is one the sink host does not take.
+            process = (None if env else host.start(argv, environment, log_path, REPO)) or subprocess.Popen(
+                [*ICESINK, *argv],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=environment,
+                start_new_session=True,
+            )
         run = SinkRun(process, log_path)
         self.runs.append(run)
         return run
@@ -179,14 +185,17 @@ class Sink:
     def cli(
         self, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
+        """`icesink <args> --config <this sink>` run to its end, its output captured (in the sink host
+        for the commands that start no Spark: tests/sink/host.py)."""
         self.save()
-        return subprocess.run(
-            [*ICESINK, *args, "--config", str(self.path)],
+        argv, environment = [*args, "--config", str(self.path)], _environment(env)
+        return (None if env else host.run(argv, environment, timeout, REPO)) or subprocess.run(
+            [*ICESINK, *argv],
             cwd=REPO,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=_environment(env),
+            env=environment,
         )
 
 

@@ -1,0 +1,48 @@
+"""The sink host (tests/sink/host.py): `icesink run --until-caught-up` in a warm Spark session answers
+as the sink process would, with its exit code and its log file."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.sink import host
+from tests.sink.conftest import Sink
+from tests.sink.expect import assert_rows
+from tests.sink.host import HostedProcess
+
+JVM_BANNER = "Using Spark's default log4j profile"
+
+pytestmark = pytest.mark.skipif(not host.ENABLED, reason="ICESINK_TEST_SINK_HOST=0: every run is a process")
+
+
+def test_runs_in_the_host_share_one_spark_session(make_sink: Any, spark: Any) -> None:
+    sink: Sink = make_sink(keys=50)
+    sink.produce(100)
+    first = sink.run_until_caught_up()
+    sink.produce(100)
+    second = sink.run_until_caught_up()
+
+    assert isinstance(first.process, HostedProcess) and isinstance(second.process, HostedProcess)
+    log = second.log()
+    assert JVM_BANNER not in log, log[-3000:]  # no JVM started for it
+    assert "committed seq 2 to" in log and "catch-up progress: 200 of 200 offsets" in log, log[-3000:]
+    assert_rows(spark, sink.table, sink.source.expected_rows())
+
+
+def test_a_run_that_fails_exits_in_the_host_as_the_process_does(make_sink: Any) -> None:
+    """A topic that does not exist stops start-up with exit 2; a run whose environment differs from
+    the host's is a process of its own, and says the same."""
+    sink: Sink = make_sink()
+    missing = f"{sink.topic}_missing"
+    sink.config["kafka"]["topics"] = [missing]
+    hosted = sink.start("--until-caught-up")
+    process = sink.start("--until-caught-up", env={"ICESINK_TEST_A_VARIABLE": "1"})
+
+    assert isinstance(hosted.process, HostedProcess)
+    assert isinstance(process.process, subprocess.Popen)
+    assert hosted.wait(120) == process.wait(120) == 2, hosted.log()[-3000:] + process.log()[-3000:]
+    message = f"cannot start: Kafka topic '{missing}' is not available"
+    assert message in hosted.log() and message in process.log(), hosted.log()[-3000:]
