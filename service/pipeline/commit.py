@@ -48,6 +48,13 @@ class CommitStep:
                 report_commit(self.metrics, write, table_plan, result.seq, commit_s)
             if not made:
                 logger.info("committed seq %d: offsets only (no records to write)", result.seq)
+            if outcome.held or outcome.isolated:
+                logger.debug(
+                    "seq %d held back tables %s, dead-lettered tables %s",
+                    result.seq,
+                    outcome.held,
+                    outcome.isolated,
+                )
             if (progress := self.positions.progress(outcome.offsets)) is not None:
                 logger.info("catch-up progress: %s", progress)
 

@@ -74,13 +74,14 @@ class Reader:
         ends = end_offsets(self.config.kafka, self.partitions)
         return {t for t, ps in ends.items() if any(o > 0 for o in ps.values())}
 
-    def check_committed(self, committed: BatchPlan | None) -> None:
-        """Raise :class:`OffsetsGone` when Kafka no longer holds what the committed plan points at."""
+    def check_committed(self, committed: BatchPlan | None, fresh: bool = False) -> None:
+        """Raise :class:`OffsetsGone` when Kafka no longer holds what the committed plan points at;
+        ``fresh``: against the topics as Kafka has them now, not as :meth:`discover` found them."""
         if committed is None:
             return
-        parts = partitions(self.config.kafka)
         assert self._admin is not None, "discover() first"
-        current = topic_ids(self._admin, list(parts))
+        parts = partitions(self.config.kafka) if fresh else self.partitions
+        current = topic_ids(self._admin, list(parts)) if fresh else self.topic_ids
         kafka = self.config.kafka
         check_committed(self.config.sink_id, kafka, parts, current, committed.offsets, committed.topic_ids)
 
@@ -113,7 +114,7 @@ class Reader:
         restart would fail the same way.
         """
         try:
-            self.check_committed(committed)
+            self.check_committed(committed, fresh=True)
         except OffsetsGone as gone:
             raise gone from exc
         except Exception as check_failed:
