@@ -1,4 +1,4 @@
-"""Reference readers: what an Iceberg table holds, as seen by three independent engines.
+"""Reference readers: what an Iceberg table holds, as seen by four independent engines.
 
 * :func:`spark_rows` reads through Spark with the Iceberg runtime (the `spark` fixture's catalog `rest`).
 * :func:`duckdb_rows` reads through DuckDB 1.5.5's iceberg extension, loaded offline from the files of
@@ -7,7 +7,11 @@
 * :func:`trino_rows` reads through the stack's Trino server (catalog ``iceberg``: the REST catalog with
   native S3, see docs/trino.md) with the ``trino`` client from PyPI.
 
-All three honour position and equality deletes, so they give a table's live rows, now or at a snapshot.
+* :func:`pyiceberg_rows` reads through pyiceberg's own scan (REST catalog, PyArrow FileIO).
+
+Spark, DuckDB and Trino honour position and equality deletes; pyiceberg (0.12) reads position deletes
+and refuses a table with equality deletes ("does not yet support equality deletes"). Each gives a
+table's live rows, now or at a snapshot.
 Rows come back as ``list[dict]`` in no particular order; sort them before comparing. Endpoints are read
 from the environment (the variables of ``dev/stack env``; tests/conftest.py loads them).
 """
@@ -195,3 +199,33 @@ def trino_rows(
     if snapshot_id is not None:
         sql += f" FOR VERSION AS OF {int(snapshot_id)}"
     return trino_query(sql, env)
+
+
+def pyiceberg_catalog(env: Mapping[str, str] | None = None) -> Any:
+    """The stack's REST catalog through pyiceberg, with the local S3 endpoint."""
+    from pyiceberg.catalog import load_catalog
+
+    env = os.environ if env is None else env
+    return load_catalog(
+        "rest",
+        type="rest",
+        uri=env["ICESINK_REST_URI"],
+        **{
+            "s3.endpoint": env["ICESINK_S3_ENDPOINT"],
+            "s3.access-key-id": env["AWS_ACCESS_KEY_ID"],
+            "s3.secret-access-key": env["AWS_SECRET_ACCESS_KEY"],
+            "s3.region": env.get("AWS_REGION", "us-east-1"),
+        },
+    )
+
+
+def pyiceberg_rows(
+    identifier: str | tuple[str, ...],
+    snapshot_id: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows of `<namespace>.<table>` through pyiceberg's scan, at `snapshot_id` if given; raises for a
+    table whose deletes include equality deletes."""
+    table = pyiceberg_catalog(env).load_table(".".join(_parts(identifier)))
+    rows: list[dict[str, Any]] = table.scan(snapshot_id=snapshot_id).to_arrow().to_pylist()
+    return rows

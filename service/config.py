@@ -218,6 +218,14 @@ class TableConfig(_Section):
         default="fail",
         description="What to do with events whose schema can't be an evolution of the table's.",
     )
+    delete_format: Literal["equality", "position"] = Field(
+        default="equality",
+        description="How an upsert deletes a key's older row: equality: an equality-delete file of the "
+        "batch's keys (applies to every older data file; pyiceberg and Snowflake can't read it); "
+        "position: a position-delete file naming the row, found in the sink's key index of the table "
+        "(every engine reads it; icesink must be the table's only writer besides its maintenance). "
+        "See docs/deletes.md.",
+    )
     on_failure: Literal["stop", "dead_letter", "pause"] = Field(
         default="stop",
         description="When the table itself fails (it can't be created or loaded, was dropped, refuses "
@@ -267,6 +275,7 @@ class TableOverride(_Section):
     schema_evolution: Literal["add_columns", "strict"] | None = None
     on_incompatible_schema: Literal["fail", "dead_letter"] | None = None
     on_failure: Literal["stop", "dead_letter", "pause"] | None = None
+    delete_format: Literal["equality", "position"] | None = None
 
 
 class TxnLogConfig(_Section):

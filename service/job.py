@@ -112,9 +112,8 @@ class SinkJob:
             catalog_factory=lambda: connect(self.config),
             known=self.routes.known,
         )
-        self.commit = CommitStep(
-            Commits(self.committer, self.config.commit.overlap), self.metrics, self.positions
-        )
+        commits = Commits(self.committer, self.config.commit.overlap)
+        self.commit = CommitStep(commits, self.metrics, self.positions, self.routes.known)
         writer = BatchWriter(self.config, self.routes, self.positions, self.held, self.commit, self.metrics)
         self.batches = Batches(self.cadence, writer, startup.arrow_first(self.config, self.cadence))
         try:

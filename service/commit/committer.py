@@ -9,7 +9,8 @@ Every rule of the design that concerns commits lives here, in one place:
 * a conflict (the branch moved, or a commit on another branch raised the table's sequence number) is
   never rebased blindly: reload, look for our snapshot, check we are not fenced, then build the
   snapshot again on the new metadata (which catalog answers are retried: ``service.retrying``);
-* a plan found in ``precommit`` at start-up is finished with the same files, never redone;
+* a plan found in ``precommit`` at start-up is finished with the same files, never redone (a
+  table's position deletes are resolved again if a compaction moved the rows they name meanwhile);
 * a batch that writes several tables is one plan (:class:`BatchPlan`) in one txnlog row: each table's
   snapshot is committed under the row's lock, at most ``commit.concurrency`` at once, and a plan
   resumed after a crash commits only the tables whose snapshot is not there yet.
@@ -25,13 +26,15 @@ from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from service.commit.marks import commit_properties, latest_mark, property_key, property_mark
-from service.commit.plan import BatchPlan, PendingCommit
+from service.commit.plan import SUMMARY_SINK_ID, BatchPlan, PendingCommit
 from service.failpoints import failpoint
 from service.iceberg.row_delta import RowDelta
 from service.iceberg.tables import KnownTables
+from service.keyindex.resolve import refresh
 from service.metrics import SinkMetrics
 from service.retrying import Backoff, CatalogAnswer, catalog_answer, retry_call
 from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
@@ -210,7 +213,30 @@ class Committer:
             on_failure=lock_lost,
         )
         failpoint("after_log_commit")
+        self._drop_position_keys(writes)
         return CommitResult(seq, attempts)
+
+    def _drop_position_keys(self, writes: list[PendingCommit]) -> None:
+        """A landed plan's position-keys files are needed no more (only to resolve its deletes again)."""
+        for pending in writes:
+            if pending.position_keys and (table := self.known.get(pending.table, self.catalog)) is not None:
+                _discard(table.io, [pending.position_keys])
+
+    def _position_deletes(self, table: Table, pending: PendingCommit) -> tuple[list[DataFile], list[str]]:
+        """The plan's delete files, resolved again if rows they name were moved since they were
+        resolved (a compaction committed meanwhile), and the paths of any files written for that.
+
+        pyiceberg has no row delta that validates the data files a position delete names, so every
+        attempt checks the lineage itself: a delete of a replaced file would delete nothing and the
+        old row would live on in the compacted file."""
+        if not pending.position_keys or not pending.delete_files:
+            return pending.delete_files, []
+        again = refresh(
+            table, pending, lambda s: s.summary is not None and s.summary.get(SUMMARY_SINK_ID) == self.sink_id
+        )
+        if again is None:
+            return pending.delete_files, []
+        return again.delete_files, [f.file_path for f in again.delete_files]
 
     def _commit_to_iceberg(
         self,
@@ -259,11 +285,12 @@ class Committer:
             if not files_checked:
                 check_files_exist(table, pending, self.sink_id, seq)
                 files_checked = True
+            delete_files, refreshed = self._position_deletes(table, pending)
             delta = RowDelta(
                 table,
                 snapshot_id,
                 pending.data_files,
-                pending.delete_files,
+                delete_files,
                 summary,
                 table_properties=properties,
             )
@@ -272,7 +299,7 @@ class Committer:
                 committed = delta.commit()
             except Exception as exc:
                 if _answer(exc) == CatalogAnswer.CONFLICT:
-                    rejected.extend(delta.written_metadata_files)
+                    rejected.extend(delta.written_metadata_files + refreshed)
                 raise
             self.known.advance(pending.table, table.metadata_location, committed)
             return attempts

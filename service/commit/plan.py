@@ -41,6 +41,11 @@ class PendingCommit:
     stats: dict[str, int] = field(default_factory=dict)
     topic_ids: dict[str, str] = field(default_factory=dict)
     note: str | None = None
+    # delete_format: position: the file of the deleted rows' keys and where they were, and the
+    # snapshot those positions were resolved against; a commit that finds the rows moved since (a
+    # compaction) resolves them again (service.keyindex.refresh)
+    position_keys: str | None = None
+    resolved_at: int | None = None
 
     @property
     def has_files(self) -> bool:
@@ -56,6 +61,11 @@ class PendingCommit:
             "stats": self.stats,
             "topic_ids": dict(sorted(self.topic_ids.items())),
             **({"note": self.note} if self.note else {}),
+            **(
+                {"position_keys": self.position_keys, "resolved_at": self.resolved_at}
+                if self.position_keys
+                else {}
+            ),
         }
 
     @classmethod
@@ -69,6 +79,8 @@ class PendingCommit:
             stats=dict(payload.get("stats", {})),
             topic_ids=dict(payload.get("topic_ids", {})),
             note=payload.get("note"),
+            position_keys=payload.get("position_keys"),
+            resolved_at=payload.get("resolved_at"),
         )
 
     def summary(self, sink_id: str, epoch: int, seq: int) -> dict[str, str]:
@@ -82,7 +94,8 @@ class PendingCommit:
         }
 
     def file_paths(self) -> list[str]:
-        return [f.file_path for f in self.data_files + self.delete_files]
+        keys = [self.position_keys] if self.position_keys else []
+        return [f.file_path for f in self.data_files + self.delete_files] + keys
 
 
 @dataclass

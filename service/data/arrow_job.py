@@ -31,7 +31,16 @@ from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame, SparkSession
 
 from service.data.arrow_decode import Declined, LatestPerKey, decode
-from service.data.files import DELETE_OP, OP_COLUMN, WriteSpec, file_io, write_files
+from service.data.files import (
+    DELETE_OP,
+    OP_COLUMN,
+    WriteSpec,
+    Written,
+    file_io,
+    ipc_bytes,
+    located_of,
+    write_files,
+)
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
 from service.pyworker import freeze_survivors, quiet_zip_importers
@@ -66,6 +75,7 @@ class ArrowResult:
     """The outcome of a batch written by :func:`run`."""
 
     files: list[DataFile] = field(default_factory=list)
+    located: pa.Table | None = None  # delete_format: position: where the keys' rows are
     rows: list[pa.Table] = field(default_factory=list)  # a held table's rows, partition by partition
     newest: datetime | None = None
     bytes: int = 0
@@ -116,13 +126,6 @@ def _as_batch(out: Output) -> pa.RecordBatch:
             "target": pa.array([out.target]),
         }
     )
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def process_partition(spec: ArrowTaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -303,12 +306,14 @@ class TaskTable:
         write, spec = self.spec.write, self.spec
         started = time.perf_counter()
         rows = self._rows().select([c.name for c in spec.columns] + [OP_COLUMN])
-        data, deletes = ([], []) if spec.hold else write_files(write, rows)
+        written = Written() if spec.hold else write_files(write, rows)
         self.seconds["write"] += time.perf_counter() - started
-        for f in data + deletes:
+        for f in written.files:
             yield Output("file", json.dumps(to_json(f)), target=self.target)
+        if written.located is not None:
+            yield Output("located", "", ipc_bytes(written.located), target=self.target)
         if spec.hold and rows.num_rows:
-            yield Output("rows", "", _ipc(rows), target=self.target)
+            yield Output("rows", "", ipc_bytes(rows), target=self.target)
         summary = {
             "positions": list(self.positions.values()),
             "records": self.records,
@@ -316,7 +321,7 @@ class TaskTable:
             "schemas": sorted(self.schemas),
             "seconds": self.seconds,
         }
-        keys = _ipc(rows.select(write.key)) if write.upsert else None
+        keys = ipc_bytes(rows.select(write.key)) if write.upsert else None
         yield Output("summary", json.dumps(summary), keys, target=self.target)
 
     def _rows(self) -> pa.Table:
@@ -424,7 +429,9 @@ def _outcome(
         _delete_quietly(spec.write, files)
         return declined[0]
     result = ArrowResult(
-        files=files, rows=[pa.ipc.open_stream(r.blob).read_all() for r in rows if r.kind == "rows"]
+        files=files,
+        located=located_of([r.blob for r in rows if r.kind == "located"]),
+        rows=[pa.ipc.open_stream(r.blob).read_all() for r in rows if r.kind == "rows"],
     )
     newest_us: int | None = None
     for summary, _ in summaries:

@@ -26,6 +26,7 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import FixedType, IcebergType, ListType, TimeType, UUIDType
 
+from service.data.position_deletes import deleted_keys, write_located
 from service.model.datafile_json import to_json
 from service.pyworker import freeze_survivors
 
@@ -33,7 +34,8 @@ from service.pyworker import freeze_survivors
 OP_COLUMN = "__icesink_op"
 DELETE_OP = "d"
 
-OUTPUT_SCHEMA = "content int, file string"
+OUTPUT_SCHEMA = "content int, file string, located binary"
+LOCATED = -1  # the content of write_partition's row that carries the located keys
 
 
 class _Proxy:
@@ -124,6 +126,13 @@ class WriteSpec:
     upsert: bool
     delete_spec_id: int | None
     writer_properties: dict[str, str] = field(default_factory=dict)
+    # equality: an equality-delete file of the batch's keys; position: the data files' rows located
+    # (service.data.position_deletes), the driver writes the position deletes from the key index
+    delete_format: str = "equality"
+
+    @property
+    def positions(self) -> bool:
+        return self.upsert and self.delete_format == "position"
 
     def data_metadata(self) -> TableMetadata:
         """The table's metadata with the sink's configured writer settings (compression, file size) on
@@ -236,32 +245,67 @@ def file_io(spec: WriteSpec) -> FileIO:
         return io
 
 
-def write_files(spec: WriteSpec, rows: pa.Table) -> tuple[list[DataFile], list[DataFile]]:
-    """Write ``rows`` (table columns plus :data:`OP_COLUMN`); return (data files, delete files)."""
+@dataclass
+class Written:
+    """A task's files, and (``delete_format: position``) where each of its keys' rows now is."""
+
+    data: list[DataFile] = field(default_factory=list)
+    deletes: list[DataFile] = field(default_factory=list)
+    located: pa.Table | None = None
+
+    @property
+    def files(self) -> list[DataFile]:
+        return self.data + self.deletes
+
+
+def write_files(spec: WriteSpec, rows: pa.Table) -> Written:
+    """Write ``rows`` (table columns plus :data:`OP_COLUMN`): data files, and in upsert mode an
+    equality-delete file of every key (``equality``) or every key located (``position``)."""
     io = file_io(spec)
     columns = [f.name for f in spec.metadata.schema().fields]
-    data_files: list[DataFile] = []
-    delete_files: list[DataFile] = []
+    written = Written()
     if rows.num_rows == 0:
-        return data_files, delete_files
+        return written
     # One write id per kind of file: pyiceberg names files <task>-0-<write id>, counting tasks from 0
     # in each call, so a shared id would give a delete file and a data file the same path.
-    if spec.upsert:
+    removed = pc.equal(rows[OP_COLUMN], DELETE_OP)
+    if spec.upsert and not spec.positions:
         if spec.delete_spec_id is None:
             raise ValueError("upsert mode needs a delete spec")
         metadata = spec.delete_metadata()
         keys = _to_table_types(rows.select(spec.key), metadata)
         equality_ids = [metadata.schema().find_field(k).field_id for k in spec.key]
         for f in _dataframe_to_data_files(metadata, keys, io, write_uuid=uuid.uuid4()):
-            delete_files.append(_as_equality_delete(f, equality_ids, spec.delete_spec_id))
-        rows = rows.filter(pc.not_equal(rows[OP_COLUMN], DELETE_OP))
-    if rows.num_rows:
-        metadata = spec.data_metadata()
-        data = _to_table_types(rows.select(columns), metadata)
+            written.deletes.append(_as_equality_delete(f, equality_ids, spec.delete_spec_id))
+    live = rows.filter(pc.invert(removed))
+    metadata = spec.data_metadata()
+    data = _to_table_types(live.select(columns), metadata) if live.num_rows else None
+    if spec.positions:
+        gone = deleted_keys(_to_table_types(rows.filter(removed).select(spec.key), metadata), spec.key)
+        located = [gone]
+        if data is not None:
+            written.data, at = write_located(metadata, data, io, spec.key)
+            located.append(at)
+        written.located = pa.concat_tables(located)
+    elif data is not None:
         for f in _dataframe_to_data_files(metadata, data, io, write_uuid=uuid.uuid4()):
             f.spec_id = metadata.default_spec_id  # DataFile.from_args drops spec_id
-            data_files.append(f)
-    return data_files, delete_files
+            written.data.append(f)
+    return written
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """A table as Arrow IPC bytes, to hand back from a task."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def located_of(blobs: list[bytes]) -> pa.Table | None:
+    """The located tables tasks handed back, as one (None when there are none)."""
+    tables = [pa.ipc.open_stream(b).read_all() for b in blobs]
+    return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
 
 def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -270,11 +314,13 @@ def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Itera
     collected = list(batches)
     if not collected:
         return
-    data_files, delete_files = write_files(spec, pa.Table.from_batches(collected))
-    files = data_files + delete_files
+    written = write_files(spec, pa.Table.from_batches(collected))
+    files = written.files
+    blob = ipc_bytes(written.located) if written.located is not None else None
     yield pa.RecordBatch.from_pydict(
         {
-            "content": pa.array([int(f.content) for f in files], pa.int32()),
-            "file": pa.array([json.dumps(to_json(f)) for f in files], pa.string()),
+            "content": pa.array([int(f.content) for f in files] + ([LOCATED] if blob else []), pa.int32()),
+            "file": pa.array([json.dumps(to_json(f)) for f in files] + ([""] if blob else []), pa.string()),
+            "located": pa.array([None] * len(files) + ([blob] if blob else []), pa.binary()),
         }
     )

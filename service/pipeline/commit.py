@@ -13,7 +13,9 @@ import logging
 from service.commit.committer import CommitResult
 from service.commit.overlap import Commits
 from service.commit.plan import BatchPlan, PendingCommit
+from service.iceberg.tables import KnownTables
 from service.metrics import SinkMetrics
+from service.pipeline.deletes import PositionDeletes
 from service.pipeline.outcome import BatchOutcome
 from service.pipeline.positions import Positions
 from service.pipeline.report import report_commit
@@ -25,10 +27,14 @@ logger = logging.getLogger(__name__)
 class CommitStep:
     """Hands each :class:`BatchOutcome` to the committer and reports it."""
 
-    def __init__(self, commits: Commits, metrics: SinkMetrics, positions: Positions) -> None:
+    def __init__(
+        self, commits: Commits, metrics: SinkMetrics, positions: Positions, known: KnownTables
+    ) -> None:
         self.commits = commits
         self.metrics = metrics
         self.positions = positions
+        # in the commit thread, with the committer's catalog (its own: see service.commit.overlap)
+        self.deletes = PositionDeletes(commits.committer.catalog, known)
 
     def submit(self, outcome: BatchOutcome) -> None:
         """Commit ``outcome`` after the plan before it (raises that one's failure, if it failed)."""
@@ -37,7 +43,7 @@ class CommitStep:
         made: list[tuple[TableWrite, PendingCommit]] = []
 
         def plan() -> BatchPlan:
-            batch_plan, tables = outcome.plan()
+            batch_plan, tables = outcome.plan(self.deletes.resolve)
             made.extend(tables)
             for write, _ in tables:
                 self.metrics.write_duration.record(write.write_s, self.metrics.attrs(table=write.table))
@@ -45,6 +51,7 @@ class CommitStep:
 
         def done(result: CommitResult, commit_s: float) -> None:
             for write, table_plan in made:
+                self.deletes.committed(write.table, table_plan.snapshot_id)
                 report_commit(self.metrics, write, table_plan, result.seq, commit_s)
             if not made:
                 logger.info("committed seq %d: offsets only (no records to write)", result.seq)

@@ -29,7 +29,7 @@ from datetime import datetime
 import pyarrow as pa
 
 from service.data.arrow_job import ArrowResult
-from service.data.files import WriteSpec, write_files
+from service.data.files import WriteSpec, Written, write_files
 from service.model.offsets import Offsets
 from service.pipeline.cadence import CommitCadence
 from service.pipeline.result import TableWrite
@@ -85,16 +85,14 @@ class HeldChanges:
     def write(self, spec: WriteSpec, started: float) -> TableWrite:
         """Write the held rows into the table as one data file and one delete file (in this process)."""
         rows = self.rows(spec)
-        files = []
-        if rows.num_rows:
-            data, deletes = write_files(spec, rows)
-            files = data + deletes
+        written = write_files(spec, rows) if rows.num_rows else Written()
         return TableWrite(
             table=self.table,
             offsets=dict(self.offsets),
             started=started,
             written=time.monotonic(),
-            files=files,
+            files=written.files,
+            located=written.located,
             records=self.records,
             by_op=dict(self.by_op),
             newest=self.newest,

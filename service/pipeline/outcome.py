@@ -37,11 +37,15 @@ class BatchOutcome:
     isolated: list[str] = field(default_factory=list)
     note: str | None = None
 
-    def plan(self) -> tuple[BatchPlan, list[tuple[TableWrite, PendingCommit]]]:
-        """The txnlog's plan, and each table write with its own plan; writes the due tables first."""
+    def plan(
+        self, resolve: Callable[[TableWrite], TableWrite] = lambda w: w
+    ) -> tuple[BatchPlan, list[tuple[TableWrite, PendingCommit]]]:
+        """The txnlog's plan, and each table write with its own plan; writes the due tables first.
+        ``resolve`` adds a write's position deletes (service.pipeline.deletes)."""
         writes = list(self.writes)
         if self.due is not None:
             writes += [w for w in self.due() if w.files or w.records]
+        writes = [resolve(w) for w in writes]
         tables = [(w, w.plan({t: i for t, i in self.topic_ids.items() if t in w.offsets})) for w in writes]
         if self.table is None:
             return BatchPlan(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import pyarrow as pa
 from pyiceberg.manifest import DataFile
 
 from service.commit.plan import PendingCommit, new_snapshot_id
@@ -31,6 +32,12 @@ class TableWrite:
     by_op: dict[str, int] = field(default_factory=dict)
     newest: datetime | None = None
     decoder: str = "spark"
+    # delete_format: position: where this write's keys' rows are (service.data.position_deletes), until
+    # the commit step resolves them into position deletes (service.pipeline.deletes); then the file
+    # that keeps the deleted rows' keys and the snapshot their positions were resolved against
+    located: pa.Table | None = None
+    position_keys: str | None = None
+    resolved_at: int | None = None
 
     @property
     def data_files(self) -> list[DataFile]:
@@ -54,6 +61,8 @@ class TableWrite:
             data_files=data,
             delete_files=deletes,
             topic_ids=dict(topic_ids),
+            position_keys=self.position_keys,
+            resolved_at=self.resolved_at,
             stats={
                 "records": self.records,
                 "dead_letters": self.dead_letters,

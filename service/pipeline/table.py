@@ -31,7 +31,15 @@ from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_job
 from service.data.arrow_decode import Declined
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
-from service.data.files import OP_COLUMN, OUTPUT_SCHEMA, WriteSpec, writable, write_partition
+from service.data.files import (
+    LOCATED,
+    OP_COLUMN,
+    OUTPUT_SCHEMA,
+    WriteSpec,
+    located_of,
+    writable,
+    write_partition,
+)
 from service.data.spark_decode import decode, latest_per_key
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
@@ -238,6 +246,7 @@ class TablePipeline:
             by_op=batch.by_op,
             newest=batch.newest,
             decoder="arrow",
+            located=batch.located,
         )
 
     def write_spark(self, records: DataFrame, offsets: Offsets, newest: datetime | None = None) -> TableWrite:
@@ -297,7 +306,8 @@ class TablePipeline:
     def _write_spec(self, table: Table) -> WriteSpec:
         """What the tasks need to write this batch's files into ``table`` as it is now."""
         delete_spec_id = None
-        if self.upsert:
+        positions = self.settings.delete_format == "position"
+        if self.upsert and not positions:
             with_spec, delete_spec_id = delete_spec(table, self.settings.key)
             if with_spec is not table:  # a spec was added: the table was loaded again
                 self.known.put(self.identifier, with_spec, loaded=True)
@@ -309,6 +319,7 @@ class TablePipeline:
             upsert=self.upsert,
             delete_spec_id=delete_spec_id,
             writer_properties=self.config.write.table_properties(),
+            delete_format=self.settings.delete_format,
         )
 
     def arrow_spec(self, topics: list[str], hold: bool = False) -> arrow_job.TableSpec:
@@ -374,10 +385,9 @@ class TablePipeline:
                     self.config.write.parallelism, *[F.col(f"`{s}`") for s in sources if s]
                 )
             write_spec = self._write_spec(table)
-            files = [
-                from_json(json.loads(r["file"]))
-                for r in rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
-            ]
+            out = rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
+            files = [from_json(json.loads(r["file"])) for r in out if r["content"] != LOCATED]
+            located = located_of([r["located"] for r in out if r["content"] == LOCATED])
             # Last, so that a batch retried because its files could not be written (catalog or object
             # store down) does not send its dead letters twice.
             if dead_letters:
@@ -394,6 +404,7 @@ class TablePipeline:
             dead_letters=dead_letters,
             by_op=by_op,
             newest=newest,
+            located=located,
         )
 
     def _decode(self, records: DataFrame, versions: dict[str, list[Column]]) -> DataFrame:

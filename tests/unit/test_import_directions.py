@@ -4,7 +4,8 @@ its own (and its own package). Imports inside functions count too; relative impo
 From the bottom: ``txnlog`` (knows nothing of the service); the foundations (``service.model``,
 units, retries, fail points); configuration and logging; what every part reports to (metrics, health
 probes) and what starts Spark; the three planes, none of which imports another: the data plane
-``service.data``, the catalog side ``service.iceberg`` and Kafka's side ``service.kafka``; the commit
+``service.data``, the catalog side ``service.iceberg`` and Kafka's side ``service.kafka``; the key
+index of position-delete tables ``service.keyindex`` (data files read, snapshots followed); the commit
 protocol ``service.commit``; the sink's batch steps ``service.pipeline`` and table maintenance
 ``service.maintenance``, which know nothing of each other; the operator commands ``service.ops``, the
 job and the demo producer; the CLI on top. Benchmarks and scripts use the service and the reference
@@ -35,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"service.logs", "service.metrics", "service.health", "service.spark_jars", "service.txnlog_client"},
     {"service.spark_session"},
     {"service.data", "service.iceberg", "service.kafka"},
+    {"service.keyindex"},
     {"service.commit"},
     {"service.pipeline", "service.maintenance"},
     {"service.ops", "service.job", "service.sample"},

@@ -1,0 +1,152 @@
+"""``table.delete_format: position``: position deletes from the sink's key index, read by every engine.
+
+Each test is one story: rows moving between partitions read exactly by Spark, DuckDB, Trino and
+pyiceberg; pyiceberg refusing an equality-delete table; a compaction that moves the rows a
+precommitted plan deletes, before the plan lands; a compaction the running sink's index follows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from pyiceberg.catalog import load_catalog
+from pyiceberg.manifest import DataFileContent
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
+
+from readers import pyiceberg_rows, trino_rows
+from service.commit.plan import PendingCommit
+from service.data.position_deletes import FILE_PATH_ID, read_columns
+from service.failpoints import KILL_EXIT_CODE
+from service.keyindex.build import live_files
+from tests.sink.conftest import Sink
+from tests.sink.expect import assert_rows, diff
+from txnlog import Phase, TransactionLog
+
+POSITION = {"delete_format": "position"}
+
+
+def _catalog(sink: Sink) -> Any:
+    props = {k: os.path.expandvars(v) for k, v in sink.config["catalog"].items() if k != "name"}
+    return load_catalog(sink.config["catalog"].get("name", "default"), **props)
+
+
+def _deletes(table: Table) -> dict[DataFileContent, list[Any]]:
+    live = live_files(table)
+    return {
+        DataFileContent.POSITION_DELETES: [f for f, _ in live.position_deletes],
+        DataFileContent.EQUALITY_DELETES: [f for f, _ in live.equality_deletes],
+    }
+
+
+def test_rows_moving_between_partitions_read_exactly_by_every_engine(
+    make_sink: Any, spark: SparkSession
+) -> None:
+    """Updates move keys between partitions (country) and deleted keys come back; two runs, the
+    second building its key index from the table. Spark, DuckDB, Trino and pyiceberg read the same
+    rows, and the table holds position deletes only, each in its data file's partition with the full
+    path as its bounds."""
+    sink: Sink = make_sink(partition_by=["country"], keys=200, table=POSITION)
+    sink.produce(1500)
+    sink.run_until_caught_up()
+    assert_rows(spark, sink.table, sink.source.expected_rows(), pyiceberg=True)
+
+    sink.produce(800)
+    second = sink.run_until_caught_up()
+    assert "key index of" in second.log() and "keys from" in second.log()
+    expected = sink.source.expected_rows()
+    assert_rows(spark, sink.table, expected, pyiceberg=True)
+    assert not diff(expected, trino_rows(sink.table), "trino")
+
+    table = _catalog(sink).load_table(sink.table)
+    deletes = _deletes(table)
+    assert deletes[DataFileContent.EQUALITY_DELETES] == []
+    assert deletes[DataFileContent.POSITION_DELETES], (
+        "updates of earlier batches' keys wrote no position delete"
+    )
+    data = {f.file_path: f for f, _ in live_files(table).data}
+    for f in deletes[DataFileContent.POSITION_DELETES]:
+        lower, upper = f.lower_bounds[FILE_PATH_ID].decode(), f.upper_bounds[FILE_PATH_ID].decode()
+        assert lower <= upper and lower.endswith(".parquet") and upper.endswith(".parquet")
+        named = [d for path, d in data.items() if lower <= path <= upper]
+        assert named and all(d.partition == f.partition and d.spec_id == f.spec_id for d in named)
+
+
+def test_pyiceberg_refuses_a_table_with_equality_deletes(make_sink: Any) -> None:
+    """The reason ``position`` exists: the same stream in ``equality`` mode can't be read by pyiceberg."""
+    sink: Sink = make_sink(keys=50)
+    sink.produce(200)
+    sink.run_until_caught_up()
+    assert _deletes(_catalog(sink).load_table(sink.table))[DataFileContent.EQUALITY_DELETES]
+    with pytest.raises(ValueError, match="equality deletes"):
+        pyiceberg_rows(sink.table)
+
+
+def test_compaction_before_a_precommitted_plan_lands_resolves_its_deletes_again(
+    make_sink: Any, spark: SparkSession, pg_dsn: str
+) -> None:
+    """A batch's deletes name rows of the first run's files; the sink dies right after the precommit;
+    a compaction replaces those files; the restarted sink finishes the plan: its deletes must name
+    the rows where the compaction put them, or the old rows would live on beside the new ones."""
+    sink: Sink = make_sink(keys=100, partitions=1, table=POSITION)
+    sink.produce(400)
+    sink.run_until_caught_up()
+    sink.produce(300)
+    killed = sink.start(env={"ICESINK_FAILPOINTS": "after_precommit=kill"})
+    assert killed.wait() == KILL_EXIT_CODE, killed.log()[-4000:]
+
+    log = TransactionLog(pg_dsn, schema=sink.config["txnlog"].get("schema", "icesink"))
+    state = log.state(sink.name)
+    assert state is not None and state.phase is Phase.PRECOMMIT and state.pending is not None
+    plan = PendingCommit.from_payload(state.pending)
+    assert plan.delete_files and plan.position_keys, "the precommitted batch deleted no earlier row"
+    catalog = _catalog(sink)
+    before = {f.file_path for f, _ in live_files(catalog.load_table(sink.table)).data}
+
+    spark.sql(
+        f"CALL rest.system.rewrite_data_files(table => '{sink.table}', options => map('rewrite-all', 'true'))"
+    )
+    after = {f.file_path for f, _ in live_files(catalog.load_table(sink.table)).data}
+    # The fault: the files the plan's deletes name are gone from the table.
+    io = catalog.load_table(sink.table).io
+    named = {
+        p
+        for f in plan.delete_files
+        for p in read_columns(io, f.file_path, ["file_path"])["file_path"].to_pylist()
+    }
+    assert named and named <= before and not (named & after)
+
+    resumed = sink.run_until_caught_up()
+    assert "moved by another commit since snapshot" in resumed.log(), resumed.log()[-4000:]
+    assert_rows(spark, sink.table, sink.source.expected_rows(), pyiceberg=True)
+
+
+def test_running_sink_follows_a_compaction(make_sink: Any, spark: SparkSession) -> None:
+    """A compaction commits while the sink runs: the batch resolved before the sink saw it is resolved
+    again at its commit, the index follows the compaction (no rebuild), and later batches delete the
+    rows where the compaction put them."""
+    sink: Sink = make_sink(keys=100, partitions=1, table=POSITION)
+    sink.produce(400)
+    run = sink.start()
+    try:
+        run.wait_for_log("committed seq", timeout=180)
+        spark.sql(
+            f"CALL rest.system.rewrite_data_files(table => '{sink.table}', options => map('rewrite-all', 'true'))"
+        )
+        sink.produce(300)
+        run.wait_for_log("moved by another commit since snapshot", timeout=180)
+        sink.produce(100)
+        run.wait_for_log("followed snapshot", timeout=180)
+        deadline = time.monotonic() + 120
+        while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(2)
+        assert not problem, problem
+    finally:
+        run.kill()
+    assert "building again" not in run.log()
+    assert_rows(spark, sink.table, sink.source.expected_rows(), pyiceberg=True)
