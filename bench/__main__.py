@@ -424,12 +424,18 @@ class Bench:
                 runs[key] = self.icesink(mode, repo)
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
-            settings = {"spark-reader": {"reader": "spark"}, "spark-decoder": {"decoder": "spark"}}
-            for label, source in settings.items():
-                if not getattr(self.args, label.replace("-", "_")):
+            settings = {
+                "spark-reader": {"source": {"reader": "spark"}},
+                "spark-decoder": {"source": {"decoder": "spark"}},
+                "position": {"table": {"delete_format": "position"}},
+            }
+            for label, extra in settings.items():
+                if not getattr(self.args, label.replace("-", "_")) or (
+                    label == "position" and mode != "upsert"
+                ):
                     continue
                 key = f"{part}@{label}"
-                runs[key] = self.icesink(mode, extra={"source": source})
+                runs[key] = self.icesink(mode, extra=extra)
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         elif part == "icesink-many":
@@ -607,6 +613,11 @@ def main(argv: list[str] | None = None) -> int:
         "--spark-decoder",
         action="store_true",
         help="also run each icesink configuration with source.decoder=spark (every batch through Spark's decoder)",
+    )
+    p.add_argument(
+        "--position",
+        action="store_true",
+        help="also run icesink-upsert with table.delete_format=position (position deletes from the key index)",
     )
     p.add_argument(
         "--variant",

@@ -142,6 +142,8 @@ def plan_files(log: TransactionLog, table: str) -> set[str]:
                         path = f.get("file_path") if isinstance(f, dict) else None
                         if path:
                             paths.add(path)
+                if plan.get("position_keys"):  # delete_format: position (service.keyindex.resolve)
+                    paths.add(plan["position_keys"])
     return paths
 
 

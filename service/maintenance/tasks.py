@@ -150,17 +150,22 @@ class Compact(Task):
             options["target-file-size-bytes"] = str(cfg.target_file_size)
         current = ctx.catalog.load_table(ctx.identifier).current_snapshot()
         summary = current.summary.additional_properties if current and current.summary else {}
-        had_deletes = int(summary.get("total-equality-deletes", "0")) > 0
+        had_deletes = (
+            int(summary.get("total-equality-deletes", "0")) + int(summary.get("total-position-deletes", "0"))
+            > 0
+        )
         rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
         rewritten = int(row.get("rewritten_data_files_count") or 0)
         dropped = _drop_dangling_deletes(ctx)
         if had_deletes and not rewritten and not dropped:
-            # With delete-file-threshold 1 every data file an equality delete applies to is
-            # rewritten, and one that applies to none is dangling: if neither happened, partial
-            # progress dropped the file groups whose commit kept losing to the sink's commits
-            # (Iceberg retries commit.retry.num-retries times; the procedure's
-            # failed_data_files_count counts rewrite failures, not these): the work is lost.
+            # With delete-file-threshold 1 every data file a delete applies to is rewritten, and
+            # one that applies to none is dangling: if neither happened, partial progress dropped
+            # the file groups whose commit kept losing to the sink's commits (Iceberg retries
+            # commit.retry.num-retries times; the procedure's failed_data_files_count counts
+            # rewrite failures, not these), or (delete_format: position) whose files the sink
+            # committed position deletes for meanwhile, which Iceberg's validation refuses to drop
+            # ("found new position delete for replaced data file"): the work is lost.
             raise CompactionLost(
                 f"compaction of {ctx.identifier} committed nothing: its commits failed (Iceberg's "
                 "validation or retries lost to concurrent commits); the next pass tries again"
@@ -175,8 +180,9 @@ class Compact(Task):
 
 
 class RewritePositionDeletes(Task):
-    """``rewrite_position_delete_files``: position deletes of other writers compacted, and those whose
-    data files are gone dropped. icesink itself writes equality deletes, which compaction removes."""
+    """``rewrite_position_delete_files``: position deletes compacted (a table in ``delete_format:
+    position`` gets a delete file per partition per commit), and those whose data files are gone
+    dropped."""
 
     name = "rewrite_position_deletes"
 

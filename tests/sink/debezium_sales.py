@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, pyiceberg_rows, spark_rows, trino_rows
 from tests.cdc import CdcSource, differences, write_corpus
 from tests.sink.conftest import Sink, open_cdc
 
@@ -150,6 +150,7 @@ def sales_sink(
     unique_name: Callable[[str], str],
     captured: Captured,
     mode: str,
+    delete_format: str = "equality",
     **kafka: Any,
 ) -> Sink:
     columns = captured.settings.columns
@@ -159,12 +160,19 @@ def sales_sink(
         table={
             "identifier": f"{unique_name('ns')}.sales",
             "key": ["id"],
+            "delete_format": delete_format,
             **({"columns": columns} if columns else {}),
         },
     )
 
 
-def assert_table_matches(spark: Any, identifier: str, source: list[dict[str, Any]], key: str | None) -> None:
+def assert_table_matches(
+    spark: Any, identifier: str, source: list[dict[str, Any]], key: str | None, every_reader: bool = False
+) -> None:
+    """The table as Spark and DuckDB read it (``every_reader``: Trino and pyiceberg too) is ``source``."""
     problems = differences(source, spark_rows(spark, identifier), key, "spark")
     problems += differences(source, duckdb_rows(identifier), key, "duckdb")
+    if every_reader:
+        problems += differences(source, trino_rows(identifier), key, "trino")
+        problems += differences(source, pyiceberg_rows(identifier), key, "pyiceberg")
     assert not problems, "\n".join(problems[:40])

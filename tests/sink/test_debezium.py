@@ -35,6 +35,7 @@ def captures(stack: Any) -> Iterator[Callable[[str], Captured]]:
         ("schemas-precise", "append"),
         ("schemaless-string", "upsert"),
         ("schemaless-string", "append"),
+        ("schemas-precise", "upsert-position"),
     ],
 )
 def test_debezium_sales_matches_the_source(
@@ -46,11 +47,13 @@ def test_debezium_sales_matches_the_source(
     mode: str,
 ) -> None:
     """Upsert mode: the table is the source's current rows (keyed, no duplicate). Append mode: it holds
-    every row image the source wrote, each once."""
+    every row image the source wrote, each once. upsert-position: upsert with position deletes, read
+    by Trino and pyiceberg too."""
     captured = captures(connector)
-    sink = sales_sink(make_sink, unique_name, captured, mode)
+    mode, _, deletes = mode.partition("-")
+    sink = sales_sink(make_sink, unique_name, captured, mode, delete_format=deletes or "equality")
     sink.run_until_caught_up()
     if mode == "upsert":
-        assert_table_matches(spark, sink.table, captured.current, key="id")
+        assert_table_matches(spark, sink.table, captured.current, key="id", every_reader=bool(deletes))
     else:
         assert_table_matches(spark, sink.table, captured.appended, key=None)
