@@ -218,13 +218,14 @@ class TableConfig(_Section):
         default="fail",
         description="What to do with events whose schema can't be an evolution of the table's.",
     )
-    delete_format: Literal["equality", "position"] = Field(
-        default="equality",
+    delete_format: Literal["auto", "equality", "position"] = Field(
+        default="auto",
         description="How an upsert deletes a key's older row: equality: an equality-delete file of the "
         "batch's keys (applies to every older data file; pyiceberg and Snowflake can't read it); "
         "position: a position-delete file naming the row, found in the sink's key index of the table "
-        "(every engine reads it; icesink must be the table's only writer besides its maintenance). "
-        "See docs/deletes.md.",
+        "(every engine reads it; icesink must be the table's only writer besides its maintenance); "
+        "auto: position for a table the sink creates (recorded in its icesink.delete-format property), "
+        "the recorded format for an existing table, equality for a table without one. See docs/deletes.md.",
     )
     on_failure: Literal["stop", "dead_letter", "pause"] = Field(
         default="stop",
@@ -275,7 +276,7 @@ class TableOverride(_Section):
     schema_evolution: Literal["add_columns", "strict"] | None = None
     on_incompatible_schema: Literal["fail", "dead_letter"] | None = None
     on_failure: Literal["stop", "dead_letter", "pause"] | None = None
-    delete_format: Literal["equality", "position"] | None = None
+    delete_format: Literal["auto", "equality", "position"] | None = None
 
 
 class TxnLogConfig(_Section):

@@ -113,7 +113,8 @@ class SinkJob:
             known=self.routes.known,
         )
         commits = Commits(self.committer, self.config.commit.overlap)
-        self.commit = CommitStep(commits, self.metrics, self.positions, self.routes.known)
+        write = self.config.write.table_properties()
+        self.commit = CommitStep(commits, self.metrics, self.positions, self.routes.known, write)
         writer = BatchWriter(self.config, self.routes, self.positions, self.held, self.commit, self.metrics)
         self.batches = Batches(self.cadence, writer, startup.arrow_first(self.config, self.cadence))
         try:

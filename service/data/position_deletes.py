@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import struct
 import uuid
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     _determine_partitions,
+    _get_parquet_writer_kwargs,
     bin_pack_arrow_table,
     pyarrow_to_schema,
     write_file,
@@ -162,8 +163,10 @@ def write_position_deletes(
     rows: pa.Table,
     spec_id: int,
     partition: Record,
+    writer_properties: Mapping[str, str] | None = None,
 ) -> DataFile:
-    """One position-delete file of ``rows`` (``file_path``, ``pos``), all in one partition."""
+    """One position-delete file of ``rows`` (``file_path``, ``pos``), all in one partition, with the
+    table's Parquet settings (``writer_properties``, the sink's ``write`` section, on top)."""
     ordered = rows.select(["file_path", "pos"]).sort_by([("file_path", "ascending"), ("pos", "ascending")])
     ordered = pa.table(
         [ordered["file_path"].cast(pa.string()), ordered["pos"].cast(pa.int64())],
@@ -173,7 +176,11 @@ def write_position_deletes(
     path = provider.new_data_location(f"{uuid.uuid4()}-position-deletes.parquet")
     output = io.new_output(path)
     with output.create(overwrite=True) as stream:
-        pq.write_table(ordered, stream, compression="zstd")
+        pq.write_table(
+            ordered,
+            stream,
+            **_get_parquet_writer_kwargs({**metadata.properties, **(writer_properties or {})}),
+        )
     paths, positions = ordered["file_path"], ordered["pos"]
     n = ordered.num_rows
     first_path, last_path = paths[0].as_py(), paths[n - 1].as_py()

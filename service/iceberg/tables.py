@@ -35,7 +35,7 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from service.config import SinkConfig, TableConfig
+from service.config import Mode, SinkConfig, TableConfig
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.model.object_store import with_object_store_io
@@ -43,6 +43,10 @@ from service.model.object_store import with_object_store_io
 logger = logging.getLogger(__name__)
 
 # Table properties set on tables icesink creates (the user's table.properties win).
+# The delete format an upsert table was created with (service.config.TableConfig.delete_format: auto
+# reads it; a table without it was not created by a sink that chose: equality).
+DELETE_FORMAT_PROPERTY = "icesink.delete-format"
+
 DEFAULT_TABLE_PROPERTIES = {
     "format-version": "2",
     "write.delete.mode": "merge-on-read",
@@ -180,6 +184,7 @@ def _create(catalog: Catalog, config: SinkConfig, columns: list[Column], cfg: Ta
         **metadata_properties(config),
         **cfg.properties,
         **config.write.table_properties(),
+        **({DELETE_FORMAT_PROPERTY: created_delete_format(cfg)} if cfg.mode is Mode.UPSERT else {}),
     }
     try:
         table = catalog.create_table(
@@ -199,6 +204,20 @@ def _create(catalog: Catalog, config: SinkConfig, columns: list[Column], cfg: Ta
         properties[TableProperties.PARQUET_COMPRESSION],
     )
     return table
+
+
+def created_delete_format(cfg: TableConfig) -> str:
+    """The delete format of an upsert table the sink creates: ``auto`` is ``position``."""
+    return "position" if cfg.delete_format == "auto" else cfg.delete_format
+
+
+def delete_format(table: Table, cfg: TableConfig) -> str:
+    """The delete format the sink writes ``table`` with: as configured, else (``auto``) the one the
+    table was created with, and ``equality`` for a table no sink created (other writers may change
+    it, and a key index assumes none does)."""
+    if cfg.delete_format != "auto":
+        return cfg.delete_format
+    return table.properties.get(DELETE_FORMAT_PROPERTY, "equality")
 
 
 def partition_spec(schema: Schema, partition_by: list[str]) -> PartitionSpec:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,9 +58,16 @@ class Resolved:
     position_keys: str | None
 
 
-def resolve(index: KeyIndex, table: Table, written: list[DataFile], located: pa.Table) -> Resolved:
+def resolve(
+    index: KeyIndex,
+    table: Table,
+    written: list[DataFile],
+    located: pa.Table,
+    writer_properties: Mapping[str, str] | None = None,
+) -> Resolved:
     """Apply a batch's located keys to ``index`` and write the deletes of the rows they replace: one
-    position-delete file per partition those rows live in."""
+    position-delete file per partition those rows live in (``writer_properties``: the sink's Parquet
+    settings over the table's)."""
     old = index.apply(located, written)
     if not old.file_numbers:
         return Resolved([], None)
@@ -71,11 +78,15 @@ def resolve(index: KeyIndex, table: Table, written: list[DataFile], located: pa.
     places = {
         index.files[n].path: (index.files[n].spec_id, index.files[n].partition) for n in set(old.file_numbers)
     }
-    return _write(table, rows, places)
+    return _write(table, rows, places, writer_properties=writer_properties)
 
 
 def _write(
-    table: Table, rows: pa.Table, places: dict[str, tuple[int, Record]], keep_keys: bool = True
+    table: Table,
+    rows: pa.Table,
+    places: dict[str, tuple[int, Record]],
+    keep_keys: bool = True,
+    writer_properties: Mapping[str, str] | None = None,
 ) -> Resolved:
     """The delete files of ``rows`` (key columns, file path, position), one per partition, and (with
     ``keep_keys``) the position-keys file that records them."""
@@ -99,6 +110,7 @@ def _write(
                 part.select([FILE_COLUMN, POS_COLUMN]).rename_columns(["file_path", "pos"]),
                 group[0],
                 partitions[group],
+                writer_properties,
             )
         )
     if not keep_keys:

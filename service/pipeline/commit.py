@@ -28,13 +28,18 @@ class CommitStep:
     """Hands each :class:`BatchOutcome` to the committer and reports it."""
 
     def __init__(
-        self, commits: Commits, metrics: SinkMetrics, positions: Positions, known: KnownTables
+        self,
+        commits: Commits,
+        metrics: SinkMetrics,
+        positions: Positions,
+        known: KnownTables,
+        writer_properties: dict[str, str],
     ) -> None:
         self.commits = commits
         self.metrics = metrics
         self.positions = positions
         # in the commit thread, with the committer's catalog (its own: see service.commit.overlap)
-        self.deletes = PositionDeletes(commits.committer.catalog, known)
+        self.deletes = PositionDeletes(commits.committer.catalog, known, writer_properties)
 
     def submit(self, outcome: BatchOutcome) -> None:
         """Commit ``outcome`` after the plan before it (raises that one's failure, if it failed)."""

@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 class PositionDeletes:
     """Each position-mode table's key index, and the resolution of its writes."""
 
-    def __init__(self, catalog: Catalog, known: KnownTables) -> None:
+    def __init__(self, catalog: Catalog, known: KnownTables, writer_properties: dict[str, str]) -> None:
         self.catalog = catalog
         self.known = known
+        self.writer_properties = writer_properties  # the sink's write section: see WriteSpec
         self.indexes: dict[str, KeyIndex] = {}
 
     def resolve(self, write: TableWrite) -> TableWrite:
@@ -40,7 +41,7 @@ class PositionDeletes:
         key = [c for c in write.located.column_names if c not in (FILE_COLUMN, POS_COLUMN)]
         table = self._table(write.table)
         index = self.indexes[write.table] = current(self.indexes.get(write.table), table, write.table, key)
-        resolved = resolve(index, table, write.data_files, write.located)
+        resolved = resolve(index, table, write.data_files, write.located, self.writer_properties)
         return replace(
             write,
             files=write.files + resolved.delete_files,

@@ -46,6 +46,7 @@ from service.iceberg.tables import (
     DEFAULT_TABLE_PROPERTIES,
     KnownTables,
     check_write_properties,
+    delete_format,
     delete_spec,
     ensure_table,
     format_version_problem,
@@ -155,6 +156,9 @@ def resolve_table(
     settings = resolve_key(settings, catalog, peeked, declared)
     check_new_table(config, settings, catalog, declared)
     table = ensure_table(catalog, config, declared, settings)
+    if settings.mode is Mode.UPSERT:
+        settings = settings.model_copy(update={"delete_format": delete_format(table, settings)})
+        logger.info("table %s: upserts write %s deletes", settings.identifier, settings.delete_format)
     return table, settings, {c.name: c.encoding for c in declared or []}
 
 

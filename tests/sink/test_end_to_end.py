@@ -64,6 +64,7 @@ def test_sql_catalog_local_warehouse_bucketed_without_schema_section(
     warehouse = tmp_path / "warehouse"
     warehouse.mkdir()
     sink: Sink = make_sink(
+        table={"delete_format": "equality"},
         partition_by=["bucket(4, id)"],
         with_schema=False,
         columns=table_columns(),

@@ -47,6 +47,7 @@ def landed(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lan
         partitions=1,
         keys=KEYS,
         kafka={"max_offsets_per_trigger": BATCH},
+        table={"delete_format": "equality"},  # what these tests are about (position: test_position_deletes)
     )
     sink.produce(BATCH, mix=(1.0, 0.0, 0.0))
     first_rows = [dict(row) for row in sink.source.expected_rows()]

@@ -38,7 +38,8 @@ def _codecs(table: Table) -> dict[str, set[str]]:
 
 def test_an_existing_tables_codec_is_honoured(make_sink: Any, spark: Any) -> None:
     """A table created elsewhere with gzip as its Parquet codec, and a sink that configures none:
-    its data and delete files are gzip (they were zstd, the sink's default, whatever the table said)."""
+    its data and delete files are gzip (they were zstd, the sink's default, whatever the table said).
+    A table no sink created gets equality deletes (delete_format: auto)."""
     sink: Sink = make_sink(partitions=1, keys=30)
     catalog = _catalog(sink)
     catalog.create_namespace(sink.table.split(".")[0])
@@ -57,7 +58,7 @@ def test_an_existing_tables_codec_is_honoured(make_sink: Any, spark: Any) -> Non
 def test_a_created_table_says_what_its_files_are(make_sink: Any) -> None:
     """``write.compression: snappy`` and a partition on a non-key column: the table is created in one
     catalog commit whose metadata already has the spec, the key and ``snappy`` as its codec, and its
-    files are Snappy."""
+    files (data, and the position deletes of a table the sink creates) are Snappy."""
     sink: Sink = make_sink(partitions=1, keys=30, partition_by=["country"], write={"compression": "snappy"})
     sink.produce(120)
     sink.run_until_caught_up()
@@ -76,7 +77,7 @@ def test_a_created_table_says_what_its_files_are(make_sink: Any) -> None:
     assert first.sort_order_by_id(first.default_sort_order_id) is not None
     assert first.properties[CODEC] == "snappy", json.dumps(first.properties)
     assert table.properties[CODEC] == "snappy"
-    assert _codecs(table) == {"data": {"SNAPPY"}, "equality_deletes": {"SNAPPY"}}
+    assert _codecs(table) == {"data": {"SNAPPY"}, "position_deletes": {"SNAPPY"}}
 
 
 def test_a_codec_the_writer_lacks_stops_start_up(make_sink: Any) -> None:
