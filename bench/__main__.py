@@ -427,7 +427,7 @@ class Bench:
             settings = {
                 "spark-reader": {"source": {"reader": "spark"}},
                 "spark-decoder": {"source": {"decoder": "spark"}},
-                "position": {"table": {"delete_format": "position"}},
+                "equality": {"table": {"delete_format": "equality"}},
             }
             for label, extra in settings.items():
                 if not getattr(self.args, label.replace("-", "_")) or (
@@ -528,6 +528,8 @@ class Bench:
             keys=a.soak_keys,
             scan_timeout_s=a.soak_scan_timeout,
             seed=a.seed,
+            delete_format=a.soak_delete_format,
+            beside_equality=a.soak_beside_equality,
         )
 
     def ratios(self) -> dict[str, str]:
@@ -615,9 +617,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also run each icesink configuration with source.decoder=spark (every batch through Spark's decoder)",
     )
     p.add_argument(
-        "--position",
+        "--equality",
         action="store_true",
-        help="also run icesink-upsert with table.delete_format=position (position deletes from the key index)",
+        help="also run icesink-upsert with table.delete_format=equality (the tables the bench creates get "
+        "position deletes by default)",
     )
     p.add_argument(
         "--variant",
@@ -644,6 +647,18 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=180,
         help="soak: a scan still running after this many seconds is cancelled and reported as timed out",
+    )
+    p.add_argument(
+        "--soak-delete-format",
+        choices=("equality", "position"),
+        default="equality",
+        help="soak: table.delete_format of the maintained and the unmaintained table",
+    )
+    p.add_argument(
+        "--soak-beside-equality",
+        action="store_true",
+        help="soak: also a third sink into a table with equality deletes and no maintenance, measured like "
+        "the unmaintained one (with --soak-delete-format position)",
     )
     p.add_argument("--drain-timeout", type=float, default=300)
     p.add_argument("--no-check", action="store_true", help="skip the row-count check of each table")

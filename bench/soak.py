@@ -13,6 +13,18 @@ runtime) and DuckDB (iceberg extension) scan time of ``readside.QUERY``; the sam
 file's size, snapshots, data/delete files and manifests (``service.maintenance.table_health``); the bytes
 and objects under each table's location in the object store. Commit durations per batch come from
 the sinks' JSON logs (txnlog precommit → Iceberg snapshot → txnlog commit).
+
+``table.delete_format`` of both tables is ``SoakParams.delete_format`` (``--soak-delete-format``,
+docs/deletes.md). With ``beside_equality`` (``--soak-beside-equality``, meant for ``position``), a third
+sink reads the same topic into ``equality``, a table with equality deletes and no maintenance,
+measured like ``unmaintained``.
+
+A second baseline at each checkpoint, "nodeletes": each table without maintenance (``unmaintained``,
+``equality``) gets a copy registering its live data files as they are (the same objects, not
+rewritten) and none of its delete files, so it reads the table's data files and every row they hold;
+``<engine>_vs_nodeletes`` is what the table's delete files cost a scan. The copy is dropped without
+purging its files, which are the table's. Not of the maintained table: its maintainer's expiry would
+delete files the copy names.
 """
 
 from __future__ import annotations
@@ -50,11 +62,13 @@ MAINTENANCE: dict[str, Any] = {
     "orphans": {"older_than": "1h", "interval": "30m"},
     "max_manifests": 20,
 }
-TABLES = ("maintained", "unmaintained")
+TABLES = ("maintained", "unmaintained")  # always there; the run's labels are Soak.labels
+EQUALITY = "equality"  # the third table (beside_equality): equality deletes, no maintenance
 ENGINES = ("spark", "duckdb")
 WINDOW = 200  # commits at the start and at the end over which commit p50/p99 are taken
 SCAN_TARGET = 1.5  # scan time at most this many times the compacted copy's
 COMMIT_TARGET = 1.5  # commit p99 at the end at most this many times the start's
+NODELETES_TARGET = 1.3  # a position table's scan at most this many times its files' without deletes
 
 
 def log(message: str) -> None:
@@ -71,6 +85,18 @@ class SoakParams:
     partitions: int = 1
     scan_timeout_s: float = 180.0
     seed: int = 7
+    delete_format: str = "equality"  # table.delete_format of the maintained and unmaintained tables
+    beside_equality: bool = False  # a third table, "equality": equality deletes, no maintenance
+
+
+def table_labels(p: SoakParams) -> tuple[str, ...]:
+    """The run's tables, in the order they are measured and reported."""
+    return (*TABLES, EQUALITY) if p.beside_equality else TABLES
+
+
+def delete_format(label: str, params: dict[str, Any]) -> str:
+    """``table.delete_format`` of a table of a run (``params``: the result's)."""
+    return "equality" if label == EQUALITY else str(params.get("delete_format", "equality"))
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -232,6 +258,50 @@ def table_state(stack: Stack, table: str) -> dict[str, Any]:
     }
 
 
+def copy_without_deletes(catalog: Any, source: str, copy: str) -> dict[str, Any]:
+    """A new table ``copy`` whose one snapshot adds ``source``'s live data files (as of its current
+    snapshot) as they are, with none of its delete files: no data rewritten, the copy's files are the
+    source's (absolute paths). Drop it with ``catalog.drop_table`` only, never purged.
+
+    The copy's schema and spec are the source's (the catalog assigns fresh field ids: checked to be
+    the same, or the files' field ids and column statistics would not match)."""
+    from service.commit.plan import new_snapshot_id
+    from service.iceberg.row_delta import RowDelta
+    from service.keyindex.build import live_files
+
+    table = catalog.load_table(source)
+    current = table.current_snapshot()
+    live = live_files(table)
+    if current is None or not live.data:
+        raise ValueError(f"{source} has no live data file")
+    spec = table.spec()
+    other = sorted({f.spec_id for f, _ in live.data} - {spec.spec_id})
+    if other:
+        raise ValueError(f"{source} has data files of partition specs {other}, not its current spec")
+    target = catalog.create_table(
+        copy, schema=table.schema(), partition_spec=spec, properties=table.properties
+    )
+    try:
+        if target.schema().as_struct() != table.schema().as_struct() or target.spec().fields != spec.fields:
+            raise ValueError(f"the catalog gave {copy} other field ids than {source}'s")
+        files = [f for f, _ in live.data]
+        for f in files:
+            f.spec_id = target.spec().spec_id
+        snapshot_id = new_snapshot_id()
+        RowDelta(target, snapshot_id, files, [], {}).commit()
+    except BaseException:
+        catalog.drop_table(copy)  # never purged: the files are the source's
+        raise
+    return {
+        "table": copy,
+        "snapshot_id": snapshot_id,
+        "source_snapshot_id": current.snapshot_id,
+        "data_files": len(files),
+        "records": sum(int(f.record_count) for f in files),  # what a scan of the copy should count
+        "source_delete_files": len(live.position_deletes) + len(live.equality_deletes),
+    }
+
+
 # -- the maintainer ----------------------------------------------------------------------------------
 
 _TASK_LINE = re.compile(r"^maintenance of \S+: (\w+) \((.*)\) in ([0-9.]+) s")
@@ -385,12 +455,15 @@ class Soak:
         self.stack, self.workdir, self.p, self.session = stack, workdir, params, session
         self.timed_out: set[tuple[str, str]] = set()  # (table, engine): not scanned again, it only grows
         self.warmed = False
+        self.labels = table_labels(params)
+        # the tables nothing but their sink writes: each gets a copy without its deletes at a checkpoint
+        self.bare = tuple(label for label in self.labels if label != "maintained")
 
     def run(self) -> dict[str, Any]:
         p = self.p
         chunks = -(-p.commits // p.every)
         namespace = unique("bench_soak")
-        tables = {label: f"{namespace}.{label}" for label in TABLES}
+        tables = {label: f"{namespace}.{label}" for label in self.labels}
         topic = unique("bench_soak")
         ensure_topic(self.stack.kafka, topic, p.partitions)
         self.stack.catalog().create_namespace(namespace)
@@ -399,7 +472,10 @@ class Soak:
         configs: dict[str, dict[str, Any]] = {}
         for label, table in tables.items():
             name = f"{namespace}_{label}"
-            configs[label] = sink_config(self.stack, name, topic, table, "upsert", p.per_commit, p.period_s)
+            formats = {"table": {"delete_format": delete_format(label, p.__dict__)}}
+            configs[label] = sink_config(
+                self.stack, name, topic, table, "upsert", p.per_commit, p.period_s, extra=formats
+            )
             sinks[label] = Sink(self.stack, self.workdir, name, configs[label])
         follow = {label: Committed(sink) for label, sink in sinks.items()}
         maintainer = Maintainer(
@@ -418,7 +494,17 @@ class Soak:
             f"{p.commits} commits of {p.per_commit} events into {tables['maintained']} (icesink maintain "
             f"every {MAINTENANCE['interval']}) and {tables['unmaintained']} (no maintenance), measured "
             f"every {p.every} commits"
+            + (f", table.delete_format {p.delete_format}" if p.delete_format != "equality" else "")
+            + (
+                f"; beside them {tables[EQUALITY]} (equality deletes, no maintenance)"
+                if p.beside_equality
+                else ""
+            )
         )
+        if p.beside_equality and p.delete_format == "equality":
+            log(
+                "--soak-beside-equality with equality deletes: the equality table is a second unmaintained one"
+            )
         self.session().sql("SELECT 1").collect()  # the reader's JVM, started before the sinks
         started = time.monotonic()
         produced = 0
@@ -473,7 +559,7 @@ class Soak:
         produced: int,
         maintainer: Maintainer,
     ) -> dict[str, dict[str, Any]]:
-        """Wait until both sinks committed ``produced`` events. Each table's state (health, object
+        """Wait until every sink committed ``produced`` events. Each table's state (health, object
         store, current snapshot) is taken the moment its own sink has: the maintained sink is usually
         done first, and its table is measured as a reader would have found it then, not after the
         maintainer had the idle table to itself while the other sink caught up."""
@@ -485,10 +571,10 @@ class Soak:
                     raise RuntimeError(f"the {label} sink stopped:\n{sink.run.log_tail()}")
             if maintainer.process is not None and not maintainer.alive():
                 raise RuntimeError(f"icesink maintain stopped:\n{maintainer.log_tail()}")
-            for label in TABLES:
+            for label in self.labels:
                 if label not in caught_up and follow[label].poll() >= produced:
                     caught_up[label] = {**table_state(self.stack, tables[label]), "at": time.monotonic()}
-            if len(caught_up) == len(TABLES):
+            if len(caught_up) == len(self.labels):
                 return caught_up
             time.sleep(0.25)
         raise TimeoutError(f"the sinks did not commit {produced} events within an hour")
@@ -504,9 +590,10 @@ class Soak:
         started: float,
     ) -> dict[str, Any]:
         spark = self.session()
+        labels = self.labels
         point: dict[str, Any] = {
             "events": produced,
-            "commits": {label: follow[label].commits for label in TABLES},
+            "commits": {label: follow[label].commits for label in labels},
             "elapsed_s": round(time.monotonic() - started, 1),
             "load_1m": round(os.getloadavg()[0], 2),
             "rows": live,
@@ -525,32 +612,42 @@ class Soak:
         )
         copy_s = time.monotonic() - t0
         copy_state = table_state(self.stack, copy)
-        if not self.warmed:  # the first scans of a session (deletes applied) load and compile code
-            scan(spark, tables["unmaintained"], self.p.scan_timeout_s)
-            self.warmed = True
-        # Each table as of the snapshot its sink's catch-up left, the copy as of its one snapshot
-        # (every table read the same way). Side by side, in rounds: the maintained table, the copy,
-        # the unmaintained one (its slow scans once).
-        engines = {label: tuple(e for e in ENGINES if (label, e) not in self.timed_out) for label in TABLES}
-        states = {label: {k: v for k, v in caught_up[label].items() if k != "at"} for label in TABLES}
-        got = scan_side_by_side(
-            spark,
-            {
+        engines = {label: tuple(e for e in ENGINES if (label, e) not in self.timed_out) for label in labels}
+        states = {label: {k: v for k, v in caught_up[label].items() if k != "at"} for label in labels}
+        # Each table without maintenance, its live data files without its deletes (dropped below,
+        # never purged: the files are the table's).
+        nodeletes = self._copies_without_deletes(tables, states, produced)
+        try:
+            if not self.warmed:  # the first scans of a session (deletes applied) load and compile code
+                scan(spark, tables["unmaintained"], self.p.scan_timeout_s)
+                self.warmed = True
+            # Each table as of the snapshot its sink's catch-up left, the copies as of their one
+            # snapshot (every table read the same way). Side by side, in rounds: the maintained table,
+            # the compacted copy, the unmaintained one (its slow scans once), its copy without deletes,
+            # then the equality table and its copy without deletes.
+            scans: dict[str, tuple[str, int | None, tuple[str, ...]]] = {
                 "maintained": (
                     tables["maintained"],
                     states["maintained"]["snapshot_id"],
                     engines["maintained"],
                 ),
                 "compacted": (copy, copy_state["snapshot_id"], ENGINES),
-                "unmaintained": (
-                    tables["unmaintained"],
-                    states["unmaintained"]["snapshot_id"],
-                    engines["unmaintained"],
-                ),
-            },
-            self.p.scan_timeout_s,
-        )
-        for label in TABLES:
+            }
+            for label in labels[1:]:
+                scans[label] = (tables[label], states[label]["snapshot_id"], engines[label])
+                made = nodeletes.get(label)
+                if made and "error" not in made:
+                    scans[f"nodeletes:{label}"] = (made["table"], made["snapshot_id"], engines[label])
+            got = scan_side_by_side(spark, scans, self.p.scan_timeout_s)
+        finally:
+            catalog = self.stack.catalog()
+            for made in nodeletes.values():
+                if "table" in made:
+                    try:
+                        catalog.drop_table(made["table"])  # NOT purged: its files are the source table's
+                    except Exception as exc:
+                        log(f"could not drop {made['table']}: {exc!r}")
+        for label in labels:
             for engine in engines[label]:
                 if got[label][f"{engine}_s"] is None:
                     self.timed_out.add((label, engine))
@@ -560,8 +657,11 @@ class Soak:
                 "skipped": [e for e in ENGINES if e not in engines[label]],
             }
         point["compacted"] = {**copy_state, **got["compacted"], "copy_s": copy_s}
+        point["nodeletes"] = {
+            label: {**made, **got.get(f"nodeletes:{label}", {})} for label, made in nodeletes.items()
+        }
         spark.sql(f"DROP TABLE rest.{copy} PURGE")
-        for label in (*TABLES, "compacted"):
+        for label in (*labels, "compacted"):
             got = point[label]
             for engine in ENGINES:
                 rows, v = got[f"{engine}_rows"], got[f"{engine}_versions"]
@@ -572,28 +672,73 @@ class Soak:
                     )
         for engine in ENGINES:
             ref = point["compacted"][f"{engine}_s"]
-            for label in TABLES:
+            for label in labels:
                 took = point[label][f"{engine}_s"]
                 point[label][f"{engine}_vs_compacted"] = took / ref if took and ref else None
+            # the copy without deletes counts the rows its table's deletes remove too: not checked
+            # against the model, only recorded (<engine>_rows, and records: its files' row counts)
+            for label, made in point["nodeletes"].items():
+                took, ref = point[label][f"{engine}_s"], made.get(f"{engine}_s")
+                point[label][f"{engine}_vs_nodeletes"] = took / ref if took and ref else None
         return point
+
+    def _copies_without_deletes(
+        self, tables: dict[str, str], states: dict[str, dict[str, Any]], produced: int
+    ) -> dict[str, dict[str, Any]]:
+        """Per table without maintenance: ``copy_without_deletes`` of it (or ``{"error": ...}``, logged:
+        the soak goes on without that baseline)."""
+        catalog = self.stack.catalog()
+        out: dict[str, dict[str, Any]] = {}
+        for label in self.bare:
+            name = f"{tables[label]}_nodeletes_{produced}"
+            t0 = time.monotonic()
+            try:
+                made = copy_without_deletes(catalog, tables[label], name)
+            except Exception as exc:
+                log(f"no copy without deletes of {tables[label]}: {exc!r}")
+                out[label] = {"error": repr(exc)[:300]}
+                continue
+            made["copy_s"] = round(time.monotonic() - t0, 2)
+            if made["source_snapshot_id"] != states[label]["snapshot_id"]:
+                # nothing but its sink writes the table, and the sink had nothing left to commit
+                log(
+                    f"{tables[label]} moved on from snapshot {states[label]['snapshot_id']} to "
+                    f"{made['source_snapshot_id']}: its copy without deletes is of the latter"
+                )
+            out[label] = made
+        return out
 
     @staticmethod
     def _describe(point: dict[str, Any]) -> str:
         parts = [f"{point['events']:,} events, commits {point['commits']}, {point['rows']:,} rows:"]
-        for label in (*TABLES, "compacted"):
+
+        def took(value: float | None) -> str:
+            return "timeout" if value is None else f"{value:.2f}s"
+
+        nodeletes = point.get("nodeletes", {})
+        for label in (*point["commits"], "compacted"):
             t = point[label]
-            spark_s = "timeout" if t["spark_s"] is None else f"{t['spark_s']:.2f}s"
-            duck_s = "timeout" if t["duckdb_s"] is None else f"{t['duckdb_s']:.2f}s"
+            without = ""
+            if label in nodeletes:
+                n = nodeletes[label]
+                without = (
+                    f", no copy without deletes ({n['error']})"
+                    if "error" in n
+                    else f", without deletes Spark {took(n['spark_s'])} ({_x(t['spark_vs_nodeletes'])}), "
+                    f"DuckDB {took(n['duckdb_s'])} ({_x(t['duckdb_vs_nodeletes'])})"
+                )
             parts.append(
-                f"{label}: Spark {spark_s}, DuckDB {duck_s}, {t['data_files']}+{t['delete_files']} files, "
+                f"{label}: Spark {took(t['spark_s'])}, DuckDB {took(t['duckdb_s'])}, "
+                f"{t['data_files']}+{t['delete_files']} files, "
                 f"{t['snapshots']} snapshots, metadata {t['metadata_bytes'] / 1024:.0f} KiB, "
-                f"store {t['store']['bytes'] / 2**20:.1f} MiB;"
+                f"store {t['store']['bytes'] / 2**20:.1f} MiB{without};"
             )
         return " ".join(parts)
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
-    """Issue 14's targets, from the maintained table's figures."""
+    """Issue 14's targets, from the maintained table's figures; and per table with a copy without
+    deletes, its scan vs that copy's at worst (position tables: at most ``NODELETES_TARGET``)."""
     points = result["checkpoints"]
     out: dict[str, Any] = {}
     for engine in ("spark", "duckdb"):
@@ -607,6 +752,20 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         # pass (cold) ends well into the first chunk
         later = [r for r in ratios[1:] if r is not None]
         out[f"{engine}_scan_vs_compacted_max_after_first"] = max(later) if later else None
+    # What each table's delete files cost a scan: the table vs its live data files without deletes.
+    for label in result.get("tables", TABLES):
+        for engine in ENGINES:
+            key = f"{engine}_vs_nodeletes"
+            ratios = [cp[label][key] for cp in points if key in cp.get(label, {})]
+            if not ratios:
+                continue
+            known = [r for r in ratios if r is not None]
+            worst = max(known) if known else None
+            out[f"{label}_{engine}_scan_vs_nodeletes_max"] = worst
+            if delete_format(label, result.get("params", {})) == "position":
+                out[f"{label}_{engine}_scan_vs_nodeletes_met"] = (
+                    worst is not None and worst <= NODELETES_TARGET and len(known) == len(ratios)
+                )
     commits = result.get("commits", {}).get("maintained")
     ratio = commits["end_vs_start_p99"] if commits else None
     out["commit_p99_end_vs_start"] = ratio
@@ -638,19 +797,24 @@ def lines(soak: dict[str, Any]) -> list[str]:
     p = soak["params"]
     out = [
         f"soak: {p['commits']:,} commits of {p['per_commit']} events per table, measured every {p['every']} "
-        f"({soak['wall_s'] / 60:.1f} min); scan s Spark/DuckDB (x the compacted copy)",
+        f"({soak['wall_s'] / 60:.1f} min); scan s Spark/DuckDB (x the compacted copy)"
+        + (
+            f"; table.delete_format {p['delete_format']}"
+            if p.get("delete_format", "equality") != "equality"
+            else ""
+        ),
         f"{'commits':>7} {'rows':>6} {'maintained':>30} {'unmaintained':>30} {'compacted':>12} "
         f"{'files m/u':>13} {'snaps m/u':>10} {'metadata KiB m/u':>17} {'store MiB m/u':>14}",
     ]
+
+    def both(t: dict[str, Any]) -> str:
+        return (
+            f"{_s(t['spark_s'])}/{_s(t['duckdb_s'])} "
+            f"({_x(t['spark_vs_compacted'])}/{_x(t['duckdb_vs_compacted'])})"
+        )
+
     for cp in soak["checkpoints"]:
         m, u, c = cp["maintained"], cp["unmaintained"], cp["compacted"]
-
-        def both(t: dict[str, Any]) -> str:
-            return (
-                f"{_s(t['spark_s'])}/{_s(t['duckdb_s'])} "
-                f"({_x(t['spark_vs_compacted'])}/{_x(t['duckdb_vs_compacted'])})"
-            )
-
         out.append(
             f"{cp['commits']['unmaintained']:>7} {cp['rows']:>6} {both(m):>30} {both(u):>30} "
             f"{_s(c['spark_s']) + '/' + _s(c['duckdb_s']):>12} "
@@ -659,6 +823,49 @@ def lines(soak: dict[str, Any]) -> list[str]:
             f"{m['metadata_bytes'] / 1024:>8.0f}/{u['metadata_bytes'] / 1024:<8.0f} "
             f"{m['store']['bytes'] / 2**20:>6.1f}/{u['store']['bytes'] / 2**20:<7.1f}"
         )
+    labels = list(soak.get("tables", TABLES))
+    others = [label for label in labels if label not in TABLES]
+    if others:
+        out.append(
+            "beside them, no maintenance: "
+            + ", ".join(f"{label} (table.delete_format {delete_format(label, p)})" for label in others)
+            + "; scan s Spark/DuckDB (x the compacted copy)"
+        )
+        out.append(
+            f"{'commits':>7} "
+            + " ".join(
+                f"{label:>30} {'files':>6} {'snaps':>5} {'metadata KiB':>12} {'store MiB':>9}"
+                for label in others
+            )
+        )
+        for cp in soak["checkpoints"]:
+            cells = [
+                f"{both(t):>30} {t['data_files'] + t['delete_files']:>6} {t['snapshots']:>5} "
+                f"{t['metadata_bytes'] / 1024:>12.0f} {t['store']['bytes'] / 2**20:>9.1f}"
+                for t in (cp[label] for label in others)
+            ]
+            out.append(f"{cp['commits']['unmaintained']:>7} " + " ".join(cells))
+    bare = [label for label in labels if any(label in cp.get("nodeletes", {}) for cp in soak["checkpoints"])]
+    if bare:
+        out.append(
+            "without deletes: scan s Spark/DuckDB of each table's live data files registered without its "
+            "delete files, and the rows they hold (x: the table's scan / this one)"
+        )
+        out.append(f"{'commits':>7} " + " ".join(f"{label:>30} {'rows':>8}" for label in bare))
+        for cp in soak["checkpoints"]:
+            cells = []
+            for label in bare:
+                n, t = cp.get("nodeletes", {}).get(label), cp[label]
+                if not n or "error" in n:
+                    cells.append(f"{'-':>30} {'-':>8}")
+                    continue
+                scans = (
+                    f"{_s(n['spark_s'])}/{_s(n['duckdb_s'])} "
+                    f"({_x(t['spark_vs_nodeletes'])}/{_x(t['duckdb_vs_nodeletes'])})"
+                )
+                rows = n["spark_rows"] if n["spark_rows"] is not None else n["duckdb_rows"]
+                cells.append(f"{scans:>30} {'-' if rows is None else rows:>8}")
+            out.append(f"{cp['commits']['unmaintained']:>7} " + " ".join(cells))
     for label, c in soak.get("commits", {}).items():
         out.append(
             f"commit s {label}: p50/p99 first {c['start']['n']} {c['start']['p50']:.3f}/{c['start']['p99']:.3f}, "
@@ -689,10 +896,17 @@ def plot(soak: dict[str, Any], path: Path) -> None:
 
     points = soak["checkpoints"]
     x = [cp["commits"]["unmaintained"] for cp in points]
-    colours = {"maintained": "#1f77b4", "unmaintained": "#d62728", "compacted": "#2ca02c"}
+    colours = {
+        "maintained": "#1f77b4",
+        "unmaintained": "#d62728",
+        "compacted": "#2ca02c",
+        EQUALITY: "#ff7f0e",
+    }
+    labels = list(soak.get("tables", TABLES))
+    bare = [label for label in labels if any(label in cp.get("nodeletes", {}) for cp in points)]
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     for ax, engine, title in ((axes[0][0], "spark", "Spark"), (axes[0][1], "duckdb", "DuckDB")):
-        for label in (*TABLES, "compacted"):
+        for label in (*labels, "compacted"):
             ys = [cp[label][f"{engine}_s"] for cp in points]
             ax.plot(
                 x,
@@ -700,6 +914,17 @@ def plot(soak: dict[str, Any], path: Path) -> None:
                 marker="o",
                 ms=3,
                 label=label,
+                color=colours[label],
+            )
+        for label in bare:  # the table's live data files without its deletes
+            ys = [cp.get("nodeletes", {}).get(label, {}).get(f"{engine}_s") for cp in points]
+            ax.plot(
+                x,
+                [y if y is not None else float("nan") for y in ys],
+                marker="x",
+                ms=3,
+                linestyle=":",
+                label=f"{label}, without deletes",
                 color=colours[label],
             )
         ref = [cp["compacted"][f"{engine}_s"] for cp in points]
@@ -717,7 +942,7 @@ def plot(soak: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("seconds (log)")
         ax.legend(fontsize=7)
     ax = axes[0][2]
-    for label in TABLES:
+    for label in labels:
         windows = soak.get("commits", {}).get(label, {}).get("windows", [])
         ax.plot(
             [w["until"] for w in windows],
@@ -745,7 +970,7 @@ def plot(soak: dict[str, Any], path: Path) -> None:
         (axes[1][1], "snapshots", lambda t: t["snapshots"]),
         (axes[1][2], "object store under the table's location (MiB)", lambda t: t["store"]["bytes"] / 2**20),
     ):
-        for label in TABLES:
+        for label in labels:
             ax.plot(
                 x, [value(cp[label]) for cp in points], marker="o", ms=3, color=colours[label], label=label
             )
@@ -755,7 +980,14 @@ def plot(soak: dict[str, Any], path: Path) -> None:
     p = soak["params"]
     fig.suptitle(
         f"icesink soak: {p['commits']:,} upsert commits of {p['per_commit']} events per table, "
-        f"maintained (icesink maintain every {soak['maintenance']['interval']}) vs unmaintained, same events",
+        f"maintained (icesink maintain every {soak['maintenance']['interval']}) vs unmaintained"
+        + (
+            f", table.delete_format {p['delete_format']}"
+            if p.get("delete_format", "equality") != "equality"
+            else ""
+        )
+        + (f" (and {EQUALITY}: equality deletes, no maintenance)" if EQUALITY in labels else "")
+        + ", same events",
         fontsize=10,
     )
     fig.tight_layout()
