@@ -23,6 +23,7 @@ POINTS = (
     "after_log_commit",
     "maintenance_before_task",  # icesink maintain: before a task's precommit (the lease row unlocked)
     "maintenance_during_task",  # icesink maintain: inside a task, its lease row locked, before its procedure
+    "during_key_index_build",  # a key index build (delete_format: position), after its first data file
 )
 ENV = "ICESINK_FAILPOINTS"
 KILL_EXIT_CODE = 137

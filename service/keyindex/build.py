@@ -16,6 +16,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
 
 from service.data.position_deletes import FILE_COLUMN, POS_COLUMN, canonical_table, read_columns, read_located
+from service.failpoints import failpoint
 from service.keyindex.index import KeyIndex
 from service.keyindex.lineage import changes, since
 
@@ -82,6 +83,7 @@ def build(table: Table, identifier: str, key: list[str]) -> KeyIndex:
             seq = seqs[located[FILE_COLUMN][0].as_py()] if located.num_rows else 0
             parts.append(located.append_column(_SEQ, pa.array([seq] * located.num_rows, pa.int64())))
             rows += located.num_rows
+            failpoint("during_key_index_build")
             if time.monotonic() - last_report >= _PROGRESS_S:
                 last_report = time.monotonic()
                 logger.info(

@@ -23,7 +23,7 @@ from typing import Any
 
 from pyiceberg.catalog import Catalog, load_catalog
 
-from readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, pyiceberg_rows, spark_rows
 from tests.sink.conftest import REPO, Sink, SinkRun
 from tests.sink.expect import assert_seqs_increasing, diff, sink_snapshots
 
@@ -204,7 +204,8 @@ def _exactness(expected: dict[int, dict[str, Any]], rows: list[dict[str, Any]]) 
 
 
 def verify_exact(spark: Any, sink: Sink, extra_rows: list[dict[str, Any]] | None = None) -> None:
-    """The table equals the model through both readers; the sink's seqs are unique and increasing.
+    """The table equals the model through Spark and DuckDB (and pyiceberg for a table in position
+    mode); the sink's seqs are unique and increasing.
 
     ``extra_rows`` are rows another writer put in the same table (they must still be there); their
     ids lie outside the model's key space (``>= sink.source.keys``).
@@ -212,7 +213,11 @@ def verify_exact(spark: Any, sink: Sink, extra_rows: list[dict[str, Any]] | None
     model = dict(sink.source.rows)
     expected = sink.source.expected_rows() + list(extra_rows or [])
     problems = []
-    for reader, rows in (("spark", spark_rows(spark, sink.table)), ("duckdb", duckdb_rows(sink.table))):
+    readers = [("spark", spark_rows(spark, sink.table)), ("duckdb", duckdb_rows(sink.table))]
+    table = catalog_of(sink).load_table(sink.table)
+    if table.properties.get("icesink.delete-format") == "position":  # pyiceberg reads no equality deletes
+        readers.append(("pyiceberg", pyiceberg_rows(sink.table)))
+    for reader, rows in readers:
         sink_rows = [r for r in rows if r["id"] < sink.source.keys]
         duplicates, lost, stale = _exactness(model, sink_rows)
         FIGURES.duplicates_found += duplicates

@@ -54,13 +54,13 @@ def plan(table: Table, rows: list[tuple[int, str]], offset: int) -> PendingCommi
             OP_COLUMN: ["c"] * len(rows),
         }
     )
-    data, deletes = write_files(spec, batch)
+    written = write_files(spec, batch)
     return PendingCommit(
         table=".".join(table.name()),
         offsets={"t": {0: offset}},
         snapshot_id=new_snapshot_id(),
-        data_files=data,
-        delete_files=deletes,
+        data_files=written.data,
+        delete_files=written.deletes,
     )
 
 

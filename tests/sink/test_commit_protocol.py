@@ -58,13 +58,13 @@ def pending_for(table: Table, rows: list[tuple[int, str | None, str]], offset: i
             OP_COLUMN: [r[2] for r in rows],
         }
     )
-    data, deletes = write_files(spec, batch)
+    written = write_files(spec, batch)
     return PendingCommit(
         table=".".join(table.name()),
         offsets={"t": {0: offset}},
         snapshot_id=new_snapshot_id(),
-        data_files=data,
-        delete_files=deletes,
+        data_files=written.data,
+        delete_files=written.deletes,
     )
 
 

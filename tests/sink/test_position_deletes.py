@@ -77,7 +77,7 @@ def test_rows_moving_between_partitions_read_exactly_by_every_engine(
 
 def test_pyiceberg_refuses_a_table_with_equality_deletes(make_sink: Any) -> None:
     """The reason ``position`` exists: the same stream in ``equality`` mode can't be read by pyiceberg."""
-    sink: Sink = make_sink(keys=50)
+    sink: Sink = make_sink(keys=50, table={"delete_format": "equality"})
     sink.produce(200)
     sink.run_until_caught_up()
     assert _deletes(_catalog(sink).load_table(sink.table))[DataFileContent.EQUALITY_DELETES]
