@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
@@ -73,11 +74,8 @@ class KeyIndex:
 
     def put_all(self, located: pa.Table, numbers: dict[str, int]) -> None:
         """Point each located key at its row (``numbers``: file path → file number); used to build."""
-        keys = canonical_keys(located, self.key)
-        paths = located[FILE_COLUMN].to_pylist()
-        positions = located[POS_COLUMN].to_pylist()
         rows = self.rows
-        for k, path, pos in zip(keys, paths, positions, strict=True):
+        for k, path, pos in self._entries(located):
             rows[k] = numbers[path] << _POS_BITS | pos
 
     def apply(self, located: pa.Table, written: Iterable[DataFile]) -> OldRows:
@@ -85,15 +83,12 @@ class KeyIndex:
         rows they lived in before are returned, to be deleted. ``written``: the batch's data files."""
         for f in written:
             self.add_file(f)
-        keys = canonical_keys(located, self.key)
-        paths = located[FILE_COLUMN].to_pylist()
-        positions = located[POS_COLUMN].to_pylist()
         numbers = self._numbers
         rows = self.rows
         old_files: list[int] = []
         old_positions: list[int] = []
         taken: list[int] = []
-        for i, (k, path, pos) in enumerate(zip(keys, paths, positions, strict=True)):
+        for i, (k, path, pos) in enumerate(self._entries(located)):
             old = rows.pop(k, None) if path is None else rows.get(k)
             if path is not None:
                 rows[k] = numbers[path] << _POS_BITS | pos
@@ -113,17 +108,24 @@ class KeyIndex:
             return 0
         for f in added:
             self.add_file(f)
-        keys = canonical_keys(moved_to, self.key)
-        paths = moved_to[FILE_COLUMN].to_pylist()
-        positions = moved_to[POS_COLUMN].to_pylist()
         rows = self.rows
         moved = 0
-        for k, path, pos in zip(keys, paths, positions, strict=True):
+        for k, path, pos in self._entries(moved_to):
             old = rows.get(k)
             if old is not None and old >> _POS_BITS in gone:
                 rows[k] = self._numbers[path] << _POS_BITS | pos
                 moved += 1
         return moved
+
+    def _entries(self, located: pa.Table) -> Iterator[tuple[Hashable, Any, Any]]:
+        """(key, file path, position) of each row of a located table (no path and position: the key
+        was deleted)."""
+        return zip(
+            canonical_keys(located, self.key),
+            located[FILE_COLUMN].to_pylist(),
+            located[POS_COLUMN].to_pylist(),
+            strict=True,
+        )
 
     def locate(self, keys: pa.Table) -> pa.Table:
         """Where the index says each of ``keys`` lives, as a located table (keys it does not hold are
