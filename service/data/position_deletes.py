@@ -146,7 +146,11 @@ def located_rows(keys: pa.Table, path: str | None = None, positions: pa.Array | 
     """A located table: ``keys`` (canonical) with the file and position of their rows; no path: the
     keys were deleted."""
     n = keys.num_rows
-    paths = pa.array([path] * n if path is not None else [None] * n, pa.string())
+    # One path for all the rows: a dictionary of one value (located tables travel from the tasks).
+    paths = pa.DictionaryArray.from_arrays(
+        pa.array(np.zeros(n, np.int32)) if path is not None else pa.nulls(n, pa.int32()),
+        pa.array([path] if path is not None else [], pa.string()),
+    )
     return keys.append_column(FILE_COLUMN, paths).append_column(
         POS_COLUMN, positions if positions is not None else pa.nulls(n, pa.int64())
     )

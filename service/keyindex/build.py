@@ -95,6 +95,9 @@ def build(table: Table, identifier: str, key: list[str]) -> KeyIndex:
                     last_report - started,
                 )
         located = pa.concat_tables(parts)
+        located = located.set_column(
+            located.schema.get_field_index(FILE_COLUMN), FILE_COLUMN, located[FILE_COLUMN].cast(pa.string())
+        )
         if live.position_deletes:
             deleted = pa.concat_tables(
                 pool.map(

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -71,9 +71,10 @@ def resolve(
     old = index.apply(located, written)
     if not old.file_numbers:
         return Resolved([], None)
-    rows = old.keys.append_column(
-        FILE_COLUMN, pa.array([index.files[n].path for n in old.file_numbers], pa.string())
+    paths = pa.DictionaryArray.from_arrays(
+        pa.array(old.file_numbers, pa.int32()), pa.array([f.path for f in index.files], pa.string())
     )
+    rows = old.keys.append_column(FILE_COLUMN, paths.cast(pa.string()))
     rows = rows.append_column(POS_COLUMN, pa.array(old.positions, pa.int64()))
     places = {
         index.files[n].path: (index.files[n].spec_id, index.files[n].partition) for n in set(old.file_numbers)
@@ -90,26 +91,31 @@ def _write(
 ) -> Resolved:
     """The delete files of ``rows`` (key columns, file path, position), one per partition, and (with
     ``keep_keys``) the position-keys file that records them."""
-    groups: dict[tuple[int, tuple[object, ...]], list[int]] = defaultdict(list)
-    partitions: dict[tuple[int, tuple[object, ...]], Record] = {}
-    for i, path in enumerate(rows[FILE_COLUMN].to_pylist()):
+    # Grouped by the partition of each row's file, vectorised: a batch deletes ~100,000 rows of a few
+    # dozen files, and a Python loop over the rows cost more than the rest of the resolution.
+    encoded = pc.dictionary_encode(rows[FILE_COLUMN]).combine_chunks()
+    files = encoded.dictionary.to_pylist()
+    groups: dict[tuple[int, tuple[object, ...]], int] = {}
+    partitions: list[tuple[int, Record]] = []
+    group_of_file = np.empty(len(files), np.int32)
+    for i, path in enumerate(files):
         spec_id, partition = places[path]
         group = (spec_id, tuple(partition[j] for j in range(len(partition))))
-        groups[group].append(i)
-        partitions[group] = partition
+        if group not in groups:
+            groups[group] = len(partitions)
+            partitions.append((spec_id, partition))
+        group_of_file[i] = groups[group]
+    ordinals = group_of_file[encoded.indices.to_numpy(zero_copy_only=False)]
     delete_files: list[DataFile] = []
-    ordinals = [0] * rows.num_rows
-    for ordinal, (group, members) in enumerate(sorted(groups.items(), key=lambda g: repr(g[0]))):
-        for i in members:
-            ordinals[i] = ordinal
-        part = rows.take(pa.array(members, pa.int64()))
+    for ordinal, (spec_id, partition) in enumerate(partitions):
+        part = rows.filter(pa.array(ordinals == ordinal))
         delete_files.append(
             write_position_deletes(
                 table.io,
                 table.metadata,
                 part.select([FILE_COLUMN, POS_COLUMN]).rename_columns(["file_path", "pos"]),
-                group[0],
-                partitions[group],
+                spec_id,
+                partition,
                 writer_properties,
             )
         )
