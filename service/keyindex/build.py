@@ -114,6 +114,8 @@ def build(table: Table, identifier: str, key: list[str]) -> KeyIndex:
             located = _without_equality_deleted(table, located, live.equality_deletes, key, pool)
     located = _one_row_per_key(located, key, identifier)
     index.put_all(located, numbers)
+    del located, parts
+    pa.default_memory_pool().release_unused()  # the files' keys: gigabytes for a large table
     logger.info(
         "key index of %s: %d keys from %d data file(s) in %.1f s",
         identifier,
