@@ -88,7 +88,10 @@ def kill_path(log: str, point: str) -> str:
     return "recovery" if 0 <= recovering < at and "consuming" not in log[:at] else "streaming"
 
 
-def test_killed_at_random_moments_and_at_every_fail_point(make_sink: Any, spark: Any) -> None:
+@pytest.mark.parametrize("delete_format", ["equality", "position"])
+def test_killed_at_random_moments_and_at_every_fail_point(
+    make_sink: Any, spark: Any, delete_format: str
+) -> None:
     rng = random.Random(SEED)
     # Events without a schema section (columns from the configuration), on the Arrow path like the
     # other stories but the outages one (Spark's decoder); both paths share the commit protocol.
@@ -100,6 +103,7 @@ def test_killed_at_random_moments_and_at_every_fail_point(make_sink: Any, spark:
         seed=SEED % 1000,
         commit={"trigger_interval": "500ms"},
         kafka={"max_offsets_per_trigger": 2000},
+        table={"delete_format": delete_format},
     )
     sink.produce(500)
     steps = schedule(rng)

@@ -1,7 +1,6 @@
-"""Chaos in ``delete_format: position`` (the default for a table the sink creates) that only it has:
-a kill in the middle of building the key index. The kill tests of the other files (random SIGKILLs,
-every fail point, two replicas, the maintainer killed mid-compaction) run their tables in position
-mode too, checked by the same assertions (and pyiceberg, which reads only position deletes)."""
+"""Chaos that only ``delete_format: position`` has: a kill in the middle of building the key index.
+The random kills and every fail point run in position mode too (test_chaos_kills.py), checked by the
+same assertions (and pyiceberg, which reads only position deletes)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,9 @@ def test_killed_while_the_key_index_is_built(make_sink: Any, spark: Any) -> None
     """A run's first batch builds the table's key index from its data files; the sink is killed after
     the first file of the build. Nothing of that batch was precommitted: the next run builds the index
     again from the table and lands the batch once."""
-    sink: Sink = make_sink(keys=300, partitions=1, kafka={"max_offsets_per_trigger": 200})
+    sink: Sink = make_sink(
+        keys=300, partitions=1, kafka={"max_offsets_per_trigger": 200}, table={"delete_format": "position"}
+    )
     sink.produce(1200)
     sink.run_until_caught_up()
     table = catalog_of(sink).load_table(sink.table)

@@ -11,7 +11,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 from sqlalchemy import create_engine, delete, update
 
-from readers import duckdb_rows, pyiceberg_rows, spark_rows
+from readers import duckdb_rows, pyiceberg_rows, spark_rows, trino_rows
 from service.sample import Change
 from txnlog import SinkState
 from txnlog.dsn import parse_dsn
@@ -35,15 +35,16 @@ def diff(expected: list[dict[str, Any]], actual: list[dict[str, Any]], reader: s
 
 
 def assert_rows(
-    spark: SparkSession, table: str, expected: list[dict[str, Any]], pyiceberg: bool = False
+    spark: SparkSession, table: str, expected: list[dict[str, Any]], every_reader: bool = False
 ) -> None:
-    """The table read by Spark (Iceberg runtime) and by DuckDB (and, for a table without equality
-    deletes, pyiceberg) equals ``expected`` exactly."""
+    """The table read by Spark (Iceberg runtime) and by DuckDB equals ``expected`` exactly; with
+    ``every_reader`` (a table without equality deletes) through Trino and pyiceberg too."""
     problems = [
         diff(expected, spark_rows(spark, table), "spark"),
         diff(expected, duckdb_rows(table), "duckdb"),
     ]
-    if pyiceberg:
+    if every_reader:
+        problems.append(diff(expected, trino_rows(table), "trino"))
         problems.append(diff(expected, pyiceberg_rows(table), "pyiceberg"))
     problems = [p for p in problems if p]
     assert not problems, "\n".join(problems)

@@ -9,7 +9,7 @@ from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Any
 
-from readers import duckdb_rows, spark_rows
+from readers import duckdb_rows, pyiceberg_rows, spark_rows, trino_rows
 from tests.sink.conftest import Sink
 from tests.sink.expect import topic_records
 
@@ -104,6 +104,8 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     if isinstance(out["u"], str):
         out["u"] = uuid.UUID(out["u"])
+    if isinstance(out["u"], bytes):  # pyiceberg: the 16 bytes
+        out["u"] = uuid.UUID(bytes=out["u"])
     if isinstance(out["raw"], bytearray | memoryview):
         out["raw"] = bytes(out["raw"])
     tz = out["tz"]
@@ -113,7 +115,9 @@ def _normalise(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_types_and_dead_letters(make_sink: Any, spark: Any, stack: Any) -> None:
-    sink: Sink = make_sink(partitions=1, source={"max_record_bytes": 4096})
+    sink: Sink = make_sink(
+        partitions=1, source={"max_record_bytes": 4096}, table={"delete_format": "position"}
+    )
     good2 = {**WIRE, "id": 2, "s": None, "raw": None, "amount": None, "tz": None, "u": None}
     records: list[tuple[str | None, str | None]] = [
         (_key(1), _event("c", WIRE)),
@@ -131,7 +135,13 @@ def test_types_and_dead_letters(make_sink: Any, spark: Any, stack: Any) -> None:
     sink.run_until_caught_up()
 
     expected = [EXPECTED, {**EXPECTED, **{k: None for k in ("s", "raw", "amount", "tz", "u")}, "id": 2}]
-    for reader, rows in (("spark", spark_rows(spark, sink.table)), ("duckdb", duckdb_rows(sink.table))):
+    readers = {
+        "spark": spark_rows(spark, sink.table),
+        "duckdb": duckdb_rows(sink.table),
+        "trino": trino_rows(sink.table),
+        "pyiceberg": pyiceberg_rows(sink.table),  # position deletes: pyiceberg reads them
+    }
+    for reader, rows in readers.items():
         got = sorted((_normalise(r) for r in rows), key=lambda r: r["id"])
         assert got == expected, f"{reader} read {got}"
 

@@ -41,11 +41,11 @@ def _many_small_commits(
     make_sink: Any,
     rounds: int = 12,
     partition_by: list[str] | None = None,
-    delete_format: str = "auto",
+    delete_format: str = "equality",
     **maintenance: Any,
 ) -> Sink:
-    """An upsert table written in ``rounds`` commits of 40 changes each (one delete file per commit,
-    but the first of a table in position mode, the default, which has no older row to delete)."""
+    """An upsert table written in ``rounds`` commits of 40 changes each (one delete file per commit;
+    in position mode but the first, which has no older row to delete)."""
     sink: Sink = make_sink(
         partitions=1,
         partition_by=partition_by,
@@ -353,8 +353,7 @@ def test_a_manifest_rewrite_leaves_the_data_manifests_the_sink_merges(make_sink:
     retry would fail, the manifests it deletes gone; the maintainer rewrites the delete manifests,
     one per sink commit, and leaves the data manifests to the sink."""
     off = {"enabled": False}
-    # equality: a delete manifest per commit, the first one's included
-    sink = _many_small_commits(make_sink, rounds=3, delete_format="equality", compaction=off, expiry=off)
+    sink = _many_small_commits(make_sink, rounds=3, compaction=off, expiry=off)
     target = "commit.manifest.target-size-bytes"
     with _catalog(sink).load_table(sink.table).transaction() as tx:
         tx.set_properties({target: "1"})  # every data manifest too big to merge: they add up

@@ -38,8 +38,7 @@ def _codecs(table: Table) -> dict[str, set[str]]:
 
 def test_an_existing_tables_codec_is_honoured(make_sink: Any, spark: Any) -> None:
     """A table created elsewhere with gzip as its Parquet codec, and a sink that configures none:
-    its data and delete files are gzip (they were zstd, the sink's default, whatever the table said).
-    A table no sink created gets equality deletes (delete_format: auto)."""
+    its data and delete files are gzip (they were zstd, the sink's default, whatever the table said)."""
     sink: Sink = make_sink(partitions=1, keys=30)
     catalog = _catalog(sink)
     catalog.create_namespace(sink.table.split(".")[0])
@@ -58,8 +57,14 @@ def test_an_existing_tables_codec_is_honoured(make_sink: Any, spark: Any) -> Non
 def test_a_created_table_says_what_its_files_are(make_sink: Any) -> None:
     """``write.compression: snappy`` and a partition on a non-key column: the table is created in one
     catalog commit whose metadata already has the spec, the key and ``snappy`` as its codec, and its
-    files (data, and the position deletes of a table the sink creates) are Snappy."""
-    sink: Sink = make_sink(partitions=1, keys=30, partition_by=["country"], write={"compression": "snappy"})
+    files (data, and its position deletes: written by the driver, not pyiceberg) are Snappy."""
+    sink: Sink = make_sink(
+        partitions=1,
+        keys=30,
+        partition_by=["country"],
+        write={"compression": "snappy"},
+        table={"delete_format": "position"},
+    )
     sink.produce(60)
     sink.run_until_caught_up()
     sink.produce(60)  # a second run: its updates delete rows of the first one's files
