@@ -219,13 +219,14 @@ class TableConfig(_Section):
         description="What to do with events whose schema can't be an evolution of the table's.",
     )
     delete_format: Literal["auto", "equality", "position"] = Field(
-        default="auto",
+        default="equality",
         description="How an upsert deletes a key's older row: equality: an equality-delete file of the "
         "batch's keys (applies to every older data file; pyiceberg and Snowflake can't read it); "
         "position: a position-delete file naming the row, found in the sink's key index of the table "
         "(every engine reads it; icesink must be the table's only writer besides its maintenance); "
         "auto: position for a table the sink creates (recorded in its icesink.delete-format property), "
-        "the recorded format for an existing table, equality for a table without one. See docs/deletes.md.",
+        "the recorded format for an existing table, equality for a table without one. equality stays "
+        "the default until compaction next to a fast sink works with position deletes: docs/deletes.md.",
     )
     on_failure: Literal["stop", "dead_letter", "pause"] = Field(
         default="stop",
