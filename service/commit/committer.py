@@ -219,8 +219,13 @@ class Committer:
     def _drop_position_keys(self, writes: list[PendingCommit]) -> None:
         """A landed plan's position-keys files are needed no more (only to resolve its deletes again)."""
         for pending in writes:
-            if pending.position_keys and (table := self.known.get(pending.table, self.catalog)) is not None:
+            if not pending.position_keys:
+                continue
+            try:  # best effort: the plan is committed; an orphan otherwise
+                table = self.known.get(pending.table, self.catalog) or self.catalog.load_table(pending.table)
                 _discard(table.io, [pending.position_keys])
+            except Exception as exc:
+                logger.debug("could not delete %s: %s", pending.position_keys, exc)
 
     def _position_deletes(self, table: Table, pending: PendingCommit) -> tuple[list[DataFile], list[str]]:
         """The plan's delete files, resolved again if rows they name were moved since they were

@@ -59,10 +59,11 @@ POSITION_DELETE_SCHEMA = pa.schema(
 
 def canonical(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """One key column in the form both sides of a comparison share: temporal values as their stored
-    integers, UUID and fixed-length values as plain binary, large strings and binaries as plain ones."""
+    integers, UUID and fixed-length values as plain binary, large strings and binaries as plain ones,
+    numbers at their widest (a key column widened since a file was written reads back narrower)."""
     kind = column.type
-    if isinstance(kind, pa.ExtensionType):
-        column = column.cast(kind.storage_type) if isinstance(column, pa.ChunkedArray) else column.storage
+    if isinstance(kind, pa.BaseExtensionType):  # pa.uuid() is one, not a pa.ExtensionType
+        column = column.cast(kind.storage_type)
         kind = column.type
     if pa.types.is_date32(kind):
         return column.cast(pa.int32()).cast(pa.int64())
@@ -72,6 +73,14 @@ def canonical(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
         return column.cast(pa.binary())
     if pa.types.is_large_string(kind):
         return column.cast(pa.string())
+    # A key column widened by schema evolution (int -> long, float -> double, a larger decimal
+    # precision): files written before and after must give the same values.
+    if pa.types.is_integer(kind):
+        return column.cast(pa.int64())
+    if pa.types.is_floating(kind):
+        return column.cast(pa.float64())
+    if pa.types.is_decimal(kind):
+        return column.cast(pa.decimal128(38, kind.scale))
     return column
 
 
@@ -221,6 +230,7 @@ def read_columns(io: FileIO, path: str, columns: list[str]) -> pa.Table:
 
 
 def read_located(io: FileIO, path: str, key: list[str]) -> pa.Table:
-    """A data file's keys with their rows' positions (a located table)."""
+    """A data file's keys (canonical) with their rows' positions (a located table). Key columns are
+    read by name: a renamed key column is not found."""
     keys = read_columns(io, path, key)
     return located_rows(canonical_table(keys, key), path, pa.array(np.arange(keys.num_rows), pa.int64()))

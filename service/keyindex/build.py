@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
 
 from service.data.position_deletes import FILE_COLUMN, POS_COLUMN, canonical_table, read_columns, read_located
 from service.failpoints import failpoint
@@ -197,7 +198,13 @@ def current(index: KeyIndex | None, table: Table, identifier: str, key: list[str
         step = changes(table, snapshot)
         if step.keeps_rows:
             continue
-        if not step.replaces_data:
+        # Only a compaction ("replace": the same rows in other files) is followed; another writer's
+        # copy-on-write update also removes and adds data files, with rows the index never saw.
+        if (
+            not step.replaces_data
+            or snapshot.summary is None
+            or snapshot.summary.operation != Operation.REPLACE
+        ):
             logger.info(
                 "key index of %s: snapshot %d (%s) was written by another writer; building again",
                 identifier,
@@ -225,5 +232,5 @@ def current(index: KeyIndex | None, table: Table, identifier: str, key: list[str
         )
     current_snapshot = table.current_snapshot()
     index.snapshot_id = current_snapshot.snapshot_id if current_snapshot else None
-    index.ahead.clear()
+    index.ahead -= {s.snapshot_id for s in after}  # one not seen yet (a table loaded before it) stays
     return index

@@ -71,8 +71,11 @@ def resolve(
     old = index.apply(located, written)
     if not old.file_numbers:
         return Resolved([], None)
+    named = sorted(set(old.file_numbers))  # the index knows every file it ever saw: only these
+    slot = {n: i for i, n in enumerate(named)}
     paths = pa.DictionaryArray.from_arrays(
-        pa.array(old.file_numbers, pa.int32()), pa.array([f.path for f in index.files], pa.string())
+        pa.array([slot[n] for n in old.file_numbers], pa.int32()),
+        pa.array([index.files[n].path for n in named], pa.string()),
     )
     rows = old.keys.append_column(FILE_COLUMN, paths.cast(pa.string()))
     rows = rows.append_column(POS_COLUMN, pa.array(old.positions, pa.int64()))

@@ -128,3 +128,35 @@ def test_an_index_built_from_the_table_agrees_with_the_one_kept_batch_by_batch(s
     built = current(None, sink.table, "ns.t", ["id"])
     assert _places(built) == _places(sink.index)
     assert sorted(built.rows) == sorted(sink.model)
+
+
+def test_uuid_and_widened_keys_build_an_index(tmp_path: Path) -> None:
+    """A UUID key (pyarrow's uuid extension type) and a key column widened from int to long between
+    two files: both are indexed as the batches that wrote them said (the keys compare equal)."""
+    import uuid as uuid_module
+
+    from pyiceberg.types import IntegerType, UUIDType
+
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("ns")
+    ids = [uuid_module.uuid4() for _ in range(3)]
+    table = catalog.create_table(
+        "ns.u",
+        Schema(
+            NestedField(1, "id", UUIDType(), required=False),
+            NestedField(2, "n", IntegerType(), required=False),
+        ),
+    )
+    table.append(
+        pa.table({"id": pa.array([u.bytes for u in ids], pa.uuid()), "n": pa.array([1, 2, 3], pa.int32())})
+    )
+    built = current(None, catalog.load_table("ns.u"), "ns.u", ["id"])
+    assert sorted(built.rows) == sorted(u.bytes for u in ids)
+
+    widened = catalog.create_table("ns.w", Schema(NestedField(1, "id", IntegerType(), required=False)))
+    widened.append(pa.table({"id": pa.array([1, 2], pa.int32())}, schema=widened.schema().as_arrow()))
+    with widened.update_schema() as update:
+        update.update_column("id", LongType())
+    widened = catalog.load_table("ns.w")
+    widened.append(pa.table({"id": pa.array([3], pa.int64())}, schema=widened.schema().as_arrow()))
+    assert sorted(current(None, catalog.load_table("ns.w"), "ns.w", ["id"]).rows) == [1, 2, 3]
