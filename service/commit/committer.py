@@ -227,17 +227,23 @@ class Committer:
             except Exception as exc:
                 logger.debug("could not delete %s: %s", pending.position_keys, exc)
 
-    def _position_deletes(self, table: Table, pending: PendingCommit) -> tuple[list[DataFile], list[str]]:
+    def _position_deletes(
+        self, table: Table, pending: PendingCommit, keep_lock: Callable[[], None]
+    ) -> tuple[list[DataFile], list[str]]:
         """The plan's delete files, resolved again if rows they name were moved since they were
         resolved (a compaction committed meanwhile), and the paths of any files written for that.
 
         pyiceberg has no row delta that validates the data files a position delete names, so every
         attempt checks the lineage itself: a delete of a replaced file would delete nothing and the
-        old row would live on in the compacted file."""
+        old row would live on in the compacted file. The row stays locked meanwhile: ``keep_lock``
+        proves it after each file read."""
         if not pending.position_keys or not pending.delete_files:
             return pending.delete_files, []
         again = refresh(
-            table, pending, lambda s: s.summary is not None and s.summary.get(SUMMARY_SINK_ID) == self.sink_id
+            table,
+            pending,
+            lambda s: s.summary is not None and s.summary.get(SUMMARY_SINK_ID) == self.sink_id,
+            beat=keep_lock,
         )
         if again is None:
             return pending.delete_files, []
@@ -290,7 +296,7 @@ class Committer:
             if not files_checked:
                 check_files_exist(table, pending, self.sink_id, seq)
                 files_checked = True
-            delete_files, refreshed = self._position_deletes(table, pending)
+            delete_files, refreshed = self._position_deletes(table, pending, keep_lock)
             delta = RowDelta(
                 table,
                 snapshot_id,

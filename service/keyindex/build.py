@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -56,8 +57,9 @@ def live_files(table: Table) -> LiveFiles:
     return found
 
 
-def build(table: Table, identifier: str, key: list[str]) -> KeyIndex:
-    """The index of ``table`` as of its current snapshot, with progress in the log."""
+def build(table: Table, identifier: str, key: list[str], beat: Callable[[], None] = lambda: None) -> KeyIndex:
+    """The index of ``table`` as of its current snapshot, with progress in the log; ``beat`` is called
+    after each data file read (the committer proves its txnlog lock with it)."""
     started = time.monotonic()
     snapshot = table.current_snapshot()
     index = KeyIndex(identifier, key, snapshot.snapshot_id if snapshot else None)
@@ -85,6 +87,7 @@ def build(table: Table, identifier: str, key: list[str]) -> KeyIndex:
             parts.append(located.append_column(_SEQ, pa.array([seq] * located.num_rows, pa.int64())))
             rows += located.num_rows
             failpoint("during_key_index_build")
+            beat()
             if time.monotonic() - last_report >= _PROGRESS_S:
                 last_report = time.monotonic()
                 logger.info(

@@ -134,7 +134,12 @@ def _write(
     return Resolved(delete_files, path)
 
 
-def refresh(table: Table, plan: PositionPlan, ours: Callable[[Snapshot], bool]) -> Resolved | None:
+def refresh(
+    table: Table,
+    plan: PositionPlan,
+    ours: Callable[[Snapshot], bool],
+    beat: Callable[[], None] = lambda: None,
+) -> Resolved | None:
     """The plan's deletes resolved again against ``table`` if a snapshot since ``plan.resolved_at``
     that is not the sink's own removed a data file they name; None if they still hold.
 
@@ -158,7 +163,7 @@ def refresh(table: Table, plan: PositionPlan, ours: Callable[[Snapshot], bool]) 
     }
     moved = 0
     if after is None:
-        index = build(table, ".".join(table.name()), key)
+        index = build(table, ".".join(table.name()), key, beat)
         located = index.locate(rows.select(key))
         moved = rows.num_rows
         rows = located
@@ -171,7 +176,10 @@ def refresh(table: Table, plan: PositionPlan, ours: Callable[[Snapshot], bool]) 
             if not count:
                 continue
             moved += count
-            added = [read_located(table.io, f.file_path, key) for f in step.added_data]
+            added = []
+            for f in step.added_data:
+                added.append(read_located(table.io, f.file_path, key))
+                beat()
             found = pa.concat_tables(added).cast(_located_schema(rows, key)) if added else None
             kept = rows.filter(pc.invert(stale))
             relocated = (
