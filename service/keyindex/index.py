@@ -69,9 +69,6 @@ class KeyIndex:
             self.files.append(FilePlace(data_file.file_path, data_file.spec_id, data_file.partition))
         return number
 
-    def number_of(self, path: str) -> int | None:
-        return self._numbers.get(path)
-
     def put_all(self, located: pa.Table, numbers: dict[str, int]) -> None:
         """Point each located key at its row (``numbers``: file path → file number); used to build."""
         rows = self.rows
