@@ -17,10 +17,23 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, never one this process handed out before.
+
+    The kernel may give a just-closed ephemeral port to the next bind, so two calls in a row (or a
+    call and a server bound to port 0 afterwards) could otherwise meet on one port: bind servers that
+    pick their own port before asking for free ones.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def http_status(url: str, timeout: float = 3.0) -> int | None:
@@ -86,7 +99,8 @@ class Scraper:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
 
     def scrape(self) -> list[Sample] | None:
         try:

@@ -180,8 +180,8 @@ def test_metrics_health_and_logs_of_a_real_run(
     topic = unique_name("ops")
     sink_id = topic.replace("_", "-")
     table = f"ops.{topic}"
+    otlp = OtlpReceiver()  # bound first: a port it picks is then never handed out as free
     metrics_port, health_port = free_port(), free_port()
-    otlp = OtlpReceiver()
 
     ensure_topic(stack.kafka_bootstrap, topic, partitions=3)
     ensure_topic(stack.kafka_bootstrap, f"{topic}.dlq", partitions=1)
