@@ -312,6 +312,9 @@ class CommitConfig(_Section):
     # this many, or its oldest held change waited this long (service.pipeline.held).
     table_min_records: int | None = Field(default=None, ge=1)
     table_max_period: timedelta | None = None
+    # How long a commit with position deletes waits for a compaction of its table to finish before
+    # it goes ahead anyway (service.commit.turns).
+    compaction_wait: timedelta = timedelta(minutes=10)
 
     @property
     def holds_tables(self) -> bool:
@@ -322,7 +325,7 @@ class CommitConfig(_Section):
     def _size(cls, value: Any) -> int | None:
         return None if value is None else parse_size(value)
 
-    @field_validator("max_period", "trigger_interval", "table_max_period", mode="before")
+    @field_validator("max_period", "trigger_interval", "table_max_period", "compaction_wait", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> timedelta | None:
         return None if value is None else parse_duration(value)

@@ -102,16 +102,7 @@ class SinkJob:
     def claim_and_recover(self) -> None:
         """Claim the sink (fencing older replicas), then finish what the last one left in precommit."""
         self.lease = startup.claim(self.log, self.config.sink_id, self.owner)
-        self.committer = Committer(
-            self.log,
-            self.lease,
-            connect(self.config),  # its own: the commit may run in the background (service.commit.overlap)
-            self.metrics,
-            max_attempts=self.config.commit.retries,
-            concurrency=self.config.commit.concurrency,
-            catalog_factory=lambda: connect(self.config),
-            known=self.routes.known,
-        )
+        self.committer = Committer.of(self.config, self.log, self.lease, self.metrics, self.routes.known)
         commits = Commits(self.committer, self.config.commit.overlap)
         write = self.config.write.table_properties()
         self.commit = CommitStep(commits, self.metrics, self.positions, self.routes.known, write)

@@ -567,6 +567,53 @@ class TransactionLog:
             new_state = self.commit(lease, seq=state.seq)
         handle.committed = new_state
 
+    # -- named locks ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def named_lock(self, name: str, *, shared: bool, wait: timedelta) -> Iterator[bool]:
+        """Hold a Postgres advisory lock called ``name`` while the block runs; yields whether it was
+        taken (False: ``wait`` ran out first, and the block runs without it).
+
+        Many holders may share it, or one holds it alone. It is a session lock on a connection of its
+        own, taken in a short transaction and then held outside any, so no idle-in-transaction timeout
+        ends it however long the block runs; it ends with the block, or with the session when the
+        process dies or its connection is lost. Nothing in the log depends on these locks: callers use
+        them to take turns where the outcome is safe either way (see docs/txnlog.md).
+        """
+        kind = "pg_advisory_lock_shared" if shared else "pg_advisory_lock"
+        ms = max(1, round(wait.total_seconds() * 1000))
+
+        def acquire() -> tuple[Connection, bool]:
+            conn = self._engine.connect()
+            try:
+                with conn.begin():
+                    conn.execute(text(f"SET LOCAL lock_timeout = {ms}"))
+                    conn.execute(text(f"SET LOCAL statement_timeout = {ms + 5000}"))
+                    conn.execute(text(f"SELECT {kind}(hashtextextended(:name, 0))"), {"name": name})
+                return conn, True
+            except SQLAlchemyError as exc:
+                if not is_lock_timeout(exc):
+                    _discard(conn)
+                    raise
+                _discard(conn)
+                return conn, False
+
+        conn, taken = self._retrying(f"named lock {name}", None, acquire)
+        try:
+            yield taken
+        finally:
+            if taken:
+                release = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
+                try:
+                    conn.execute(text(f"SELECT {release}(hashtextextended(:name, 0))"), {"name": name})
+                    conn.commit()
+                    conn.close()
+                except Exception:
+                    with suppress(Exception):
+                        conn.invalidate()  # closing the session frees the lock
+                    with suppress(Exception):
+                        conn.close()
+
     # -- inspection ---------------------------------------------------------------------------------
 
     def state(self, sink_id: str) -> SinkState | None:

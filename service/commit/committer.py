@@ -22,7 +22,9 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
@@ -31,7 +33,10 @@ from pyiceberg.table import Table
 
 from service.commit.marks import commit_properties, latest_mark, property_key, property_mark
 from service.commit.plan import SUMMARY_SINK_ID, BatchPlan, PendingCommit
+from service.commit.turns import compaction_turn
+from service.config import SinkConfig
 from service.failpoints import failpoint
+from service.iceberg.catalog import connect
 from service.iceberg.row_delta import RowDelta
 from service.iceberg.tables import KnownTables
 from service.keyindex.resolve import refresh
@@ -84,6 +89,7 @@ class Committer:
         concurrency: int = 1,
         catalog_factory: Callable[[], Catalog] | None = None,
         known: KnownTables | None = None,
+        compaction_wait: timedelta = timedelta(minutes=10),
     ) -> None:
         """``concurrency`` tables of a batch are committed at once, each thread with a catalog of its
         own from ``catalog_factory`` (a REST catalog's HTTP session is not shared between threads)."""
@@ -97,6 +103,25 @@ class Committer:
         self._catalog_factory = catalog_factory
         self._thread_catalogs = threading.local()
         self.known = known or KnownTables()  # each table as the last commit left it
+        self.compaction_wait = compaction_wait
+
+    @classmethod
+    def of(
+        cls, config: SinkConfig, log: TransactionLog, lease: Lease, metrics: SinkMetrics, known: KnownTables
+    ) -> Committer:
+        """The sink's committer as its configuration says, with catalogs of its own (the commit may
+        run in the background: service.commit.overlap)."""
+        return cls(
+            log,
+            lease,
+            connect(config),
+            metrics,
+            max_attempts=config.commit.retries,
+            concurrency=config.commit.concurrency,
+            catalog_factory=lambda: connect(config),
+            known=known,
+            compaction_wait=config.commit.compaction_wait,
+        )
 
     @property
     def sink_id(self) -> str:
@@ -206,12 +231,20 @@ class Committer:
                     self.MAX_RELOCKS,
                 )
 
-        attempts = retry_call(
-            commit_locked,
-            Backoff(attempts=self.MAX_RELOCKS + 1, initial_s=0.0, max_s=0.0),
-            retry_on=lambda exc: isinstance(exc, LockLost),
-            on_failure=lock_lost,
-        )
+        with ExitStack() as turns:  # before the sink row is locked: a compaction may take minutes
+            for pending in writes:
+                if pending.position_keys:
+                    turns.enter_context(
+                        compaction_turn(
+                            self.log, self.sink_id, pending.table, rewrite=False, wait=self.compaction_wait
+                        )
+                    )
+            attempts = retry_call(
+                commit_locked,
+                Backoff(attempts=self.MAX_RELOCKS + 1, initial_s=0.0, max_s=0.0),
+                retry_on=lambda exc: isinstance(exc, LockLost),
+                on_failure=lock_lost,
+            )
         failpoint("after_log_commit")
         self._drop_position_keys(writes)
         return CommitResult(seq, attempts)

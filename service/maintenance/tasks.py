@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from py4j.protocol import Py4JJavaError
 
+from service.commit.turns import compaction_turn
 from service.config import MaintenanceConfig, SinkConfig
 from service.iceberg.row_delta import ManifestMerge
 from service.maintenance.table_health import TableHealth
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
     from txnlog import TransactionLog
 
 logger = logging.getLogger(__name__)
+
+# How long a compaction waits for the sink's commit in flight: a commit takes about a second, so a
+# longer wait means a commit stuck on its catalog; the rewrite then goes ahead without its turn.
+TURN_WAIT = timedelta(minutes=2)
 
 
 @dataclass
@@ -154,7 +159,9 @@ class Compact(Task):
             int(summary.get("total-equality-deletes", "0")) + int(summary.get("total-position-deletes", "0"))
             > 0
         )
-        rows = ctx.call("rewrite_data_files", options=_map(options))
+        # In turn with the sink's commits of position deletes (service.commit.turns).
+        with compaction_turn(ctx.log, ctx.config.sink_id, ctx.identifier, rewrite=True, wait=TURN_WAIT):
+            rows = ctx.call("rewrite_data_files", options=_map(options))
         row = rows[0] if rows else {}
         rewritten = int(row.get("rewritten_data_files_count") or 0)
         dropped = _drop_dangling_deletes(ctx)

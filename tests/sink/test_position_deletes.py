@@ -2,15 +2,18 @@
 
 Each test is one story: rows moving between partitions read exactly by Spark, DuckDB, Trino and
 pyiceberg; pyiceberg refusing an equality-delete table; a compaction that moves the rows a
-precommitted plan deletes, before the plan lands; a compaction the running sink's index follows.
+precommitted plan deletes, before the plan lands; a compaction the running sink's index follows; a
+commit that waits its turn while its table is compacted.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.manifest import DataFileContent
@@ -19,6 +22,7 @@ from pyspark.sql import SparkSession
 
 from readers import pyiceberg_rows
 from service.commit.plan import PendingCommit
+from service.commit.turns import lock_name
 from service.data.position_deletes import FILE_PATH_ID, read_columns
 from service.failpoints import KILL_EXIT_CODE
 from service.keyindex.build import live_files
@@ -147,4 +151,60 @@ def test_running_sink_follows_a_compaction(make_sink: Any, spark: SparkSession) 
     finally:
         run.kill()
     assert "building again" not in run.log()
+    assert_rows(spark, sink.table, sink.source.expected_rows(), every_reader=True)
+
+
+def test_a_commit_waits_its_turn_while_its_table_is_compacted(
+    make_sink: Any, spark: SparkSession, pg_dsn: str
+) -> None:
+    """A compaction holds the table's turn (as ``icesink maintain`` does) and rewrites every file
+    while the sink has updates of those rows to commit: the sink's commit waits instead of adding
+    position deletes the rewrite's validation would refuse; the rewrite lands, then the commit, its
+    deletes resolved again against the compacted files."""
+    sink: Sink = make_sink(keys=100, partitions=1, table=POSITION)
+    sink.produce(400)
+    run = sink.start()
+    log = TransactionLog(pg_dsn, schema=sink.config["txnlog"].get("schema", "icesink"))
+    try:
+        run.wait_for_log("committed seq", timeout=180)
+        catalog = _catalog(sink)
+        with log.named_lock(
+            lock_name(sink.name, sink.table), shared=False, wait=timedelta(seconds=30)
+        ) as taken:
+            assert taken
+            held_at = catalog.load_table(sink.table).current_snapshot()
+            sink.produce(300)
+
+            def waiting() -> bool:  # the sink's commit is queued behind the compaction's turn
+                with psycopg.connect(pg_dsn.replace("postgresql+psycopg://", "postgresql://")) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                        "AND (classid::bigint << 32 | objid::bigint) = hashtextextended(%s, 0)",
+                        (lock_name(sink.name, sink.table),),
+                    ).fetchone()
+                return bool(row and row[0])
+
+            deadline = time.monotonic() + 180
+            while not waiting():
+                assert time.monotonic() < deadline, "the sink never waited for the compaction's turn"
+                time.sleep(0.5)
+            rows = spark.sql(
+                f"CALL rest.system.rewrite_data_files(table => '{sink.table}', "
+                "options => map('rewrite-all', 'true'))"
+            ).collect()
+            assert rows[0]["rewritten_data_files_count"] > 0
+            compacted = catalog.load_table(sink.table).current_snapshot()
+            assert compacted is not None and held_at is not None
+            assert compacted.parent_snapshot_id == held_at.snapshot_id, "the sink committed while it waited"
+        run.wait_for_log("waited", timeout=60)
+        run.wait_for_log("moved by another commit since snapshot", timeout=180)
+        deadline = time.monotonic() + 120
+        while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(2)
+        assert not problem, problem
+    finally:
+        run.kill()
+        log.close()
     assert_rows(spark, sink.table, sink.source.expected_rows(), every_reader=True)
