@@ -39,6 +39,7 @@ from service.failpoints import failpoint
 from service.iceberg.catalog import connect
 from service.iceberg.row_delta import RowDelta
 from service.iceberg.tables import KnownTables
+from service.keyindex.merge import DeleteMerge, merge_deletes
 from service.keyindex.resolve import refresh
 from service.metrics import SinkMetrics
 from service.retrying import Backoff, CatalogAnswer, catalog_answer, retry_call
@@ -90,6 +91,7 @@ class Committer:
         catalog_factory: Callable[[], Catalog] | None = None,
         known: KnownTables | None = None,
         compaction_wait: timedelta = timedelta(minutes=10),
+        writer_properties: dict[str, str] | None = None,
     ) -> None:
         """``concurrency`` tables of a batch are committed at once, each thread with a catalog of its
         own from ``catalog_factory`` (a REST catalog's HTTP session is not shared between threads)."""
@@ -104,6 +106,8 @@ class Committer:
         self._thread_catalogs = threading.local()
         self.known = known or KnownTables()  # each table as the last commit left it
         self.compaction_wait = compaction_wait
+        self.writer_properties = writer_properties or {}  # the sink's write section, for merged deletes
+        self._merged_away: dict[str, list[str]] = {}  # table → its plan's delete files merged into others
 
     @classmethod
     def of(
@@ -121,6 +125,7 @@ class Committer:
             catalog_factory=lambda: connect(config),
             known=known,
             compaction_wait=config.commit.compaction_wait,
+            writer_properties=config.write.table_properties(),
         )
 
     @property
@@ -250,15 +255,20 @@ class Committer:
         return CommitResult(seq, attempts)
 
     def _drop_position_keys(self, writes: list[PendingCommit]) -> None:
-        """A landed plan's position-keys files are needed no more (only to resolve its deletes again)."""
+        """A landed plan's position-keys file is needed no more (only to resolve its deletes again),
+        nor are its delete files that the commit merged into others (:mod:`service.keyindex.merge`)."""
         for pending in writes:
-            if not pending.position_keys:
+            paths = [
+                *([pending.position_keys] if pending.position_keys else []),
+                *self._merged_away.pop(pending.table, []),
+            ]
+            if not paths:
                 continue
-            try:  # best effort: the plan is committed; an orphan otherwise
+            try:  # best effort: the plan is committed; orphans otherwise
                 table = self.known.get(pending.table, self.catalog) or self.catalog.load_table(pending.table)
-                _discard(table.io, [pending.position_keys])
+                _discard(table.io, paths)
             except Exception as exc:
-                logger.debug("could not delete %s: %s", pending.position_keys, exc)
+                logger.debug("could not delete %s: %s", paths, exc)
 
     def _position_deletes(
         self, table: Table, pending: PendingCommit, keep_lock: Callable[[], None]
@@ -330,22 +340,29 @@ class Committer:
                 check_files_exist(table, pending, self.sink_id, seq)
                 files_checked = True
             delete_files, refreshed = self._position_deletes(table, pending, keep_lock)
+            merge = (
+                merge_deletes(table, delete_files, self.writer_properties)
+                if pending.position_keys
+                else DeleteMerge(add=delete_files)
+            )
             delta = RowDelta(
                 table,
                 snapshot_id,
                 pending.data_files,
-                delete_files,
+                merge.add,
                 summary,
                 table_properties=properties,
+                removed_deletes=merge.remove,
             )
             failpoint("during_catalog_commit")
             try:
                 committed = delta.commit()
             except Exception as exc:
                 if _answer(exc) == CatalogAnswer.CONFLICT:
-                    rejected.extend(delta.written_metadata_files + refreshed)
+                    rejected.extend(delta.written_metadata_files + refreshed + merge.written)
                 raise
             self.known.advance(pending.table, table.metadata_location, committed)
+            self._merged_away[pending.table] = merge.merged_away
             return attempts
 
         def on_failure(attempt: int, exc: BaseException) -> None:

@@ -184,7 +184,10 @@ class RowDelta:
         properties: dict[str, str],
         branch: str = MAIN_BRANCH,
         table_properties: dict[str, str] | None = None,
+        removed_deletes: Iterable[str] = (),
     ) -> None:
+        """``removed_deletes``: paths of live delete files this snapshot removes (merged into one of
+        ``delete_files``: :mod:`service.keyindex.merge`)."""
         self._table = table
         self._metadata: TableMetadata = table.metadata
         self._io: FileIO = table.io
@@ -199,6 +202,8 @@ class RowDelta:
             raise ValueError(
                 f"a file is listed twice in one commit: {sorted(p for p in paths if paths.count(p) > 1)}"
             )
+        self.removed_deletes = set(removed_deletes)
+        self._removed: list[DataFile] = []  # the removed files' entries, as the manifests are written
         self.properties = properties
         self.table_properties = table_properties or {}
         self.branch = branch
@@ -223,17 +228,22 @@ class RowDelta:
 
     def manifests(self) -> list[ManifestFile]:
         """Per spec, a manifest of the new data files, merged with those of the parent's data
-        manifests of that spec :class:`ManifestMerge` picks, and one of the new delete files, never
-        merged; then the parent's other live manifests.
+        manifests of that spec :class:`ManifestMerge` picks, and one of the new delete files, with
+        the entries of the delete manifests that hold a removed delete file (removed, or carried
+        over); then the parent's other live manifests.
 
-        Delete manifests stay as they are because of a compaction's retries in Iceberg (1.11): when
-        a commit try of ``rewrite_data_files`` loses to the sink, the delete files that try found
+        Other delete manifests stay as they are because of a compaction's retries in Iceberg (1.11):
+        when a commit try of ``rewrite_data_files`` loses to the sink, the delete files that try found
         obsolete become files the next try must remove, and the next try looks for them only in the
         delete manifests it has already read; a delete manifest rewritten meanwhile hides them and the
-        compaction fails ("Missing required files to delete"). Rewritten data manifests are found."""
+        compaction fails ("Missing required files to delete"). Rewritten data manifests are found.
+        The sink rewrites a delete manifest only when it merges delete files, and not while
+        ``icesink maintain`` compacts the table (:mod:`service.commit.turns`)."""
+        self._removed = []
         existing = self._existing_manifests()
+        holding = self._holding_removed(existing)
         new: list[ManifestFile] = []
-        merged: set[str] = set()
+        merged: set[str] = {m.manifest_path for m in holding}
         for content, files in (
             (ManifestContent.DATA, self.data_files),
             (ManifestContent.DELETES, self.delete_files),
@@ -241,17 +251,37 @@ class RowDelta:
             by_spec: dict[int, list[DataFile]] = defaultdict(list)
             for f in files:
                 by_spec[f.spec_id].append(f)
+            if content == ManifestContent.DELETES:
+                for m in holding:
+                    by_spec.setdefault(m.partition_spec_id, [])
             for spec_id, group in sorted(by_spec.items()):
                 small = (
                     self.merge.pick(
                         [m for m in existing if m.content == content and m.partition_spec_id == spec_id]
                     )
                     if content == ManifestContent.DATA
-                    else []
+                    else [m for m in holding if m.partition_spec_id == spec_id]
                 )
                 new.append(self._write(spec_id, content, group, small))
                 merged.update(m.manifest_path for m in small)
         return new + [m for m in existing if m.manifest_path not in merged]
+
+    def _holding_removed(self, existing: list[ManifestFile]) -> list[ManifestFile]:
+        """The parent's delete manifests that hold a delete file this snapshot removes."""
+        if not self.removed_deletes:
+            return []
+        holding: list[ManifestFile] = []
+        found: set[str] = set()
+        for m in existing:
+            if m.content != ManifestContent.DELETES:
+                continue
+            paths = {e.data_file.file_path for e in m.fetch_manifest_entry(self._io, discard_deleted=True)}
+            if paths & self.removed_deletes:
+                holding.append(m)
+                found |= paths & self.removed_deletes
+        if missing := self.removed_deletes - found:
+            raise ValueError(f"delete files to remove are not live in the parent snapshot: {sorted(missing)}")
+        return holding
 
     def summary(self) -> Summary:
         schema = self._metadata.schema()
@@ -266,6 +296,8 @@ class RowDelta:
         )
         for f in itertools.chain(self.data_files, self.delete_files):
             collector.add_file(f, schema=schema, partition_spec=specs[f.spec_id])
+        for f in self._removed:
+            collector.remove_file(f, schema=schema, partition_spec=specs[f.spec_id])
         parent = self._metadata.snapshot_by_id(self.parent_snapshot_id) if self.parent_snapshot_id else None
         return update_snapshot_summaries(
             summary=Summary(operation=self.operation(), **collector.build(), **self.properties),
@@ -363,7 +395,12 @@ class RowDelta:
                 )
             for manifest in merge:
                 for entry in manifest.fetch_manifest_entry(self._io, discard_deleted=True):
-                    writer.existing(entry)
+                    if entry.data_file.file_path in self.removed_deletes:
+                        entry.data_file.spec_id = spec_id
+                        self._removed.append(entry.data_file)
+                        writer.delete(entry)
+                    else:
+                        writer.existing(entry)
         return writer.to_manifest_file()
 
     def _existing_manifests(self) -> list[ManifestFile]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -160,11 +161,11 @@ class Compact(Task):
             > 0
         )
         # In turn with the sink's commits of position deletes (service.commit.turns).
-        with compaction_turn(ctx.log, ctx.config.sink_id, ctx.identifier, rewrite=True, wait=TURN_WAIT):
+        with _turn(ctx):
             rows = ctx.call("rewrite_data_files", options=_map(options))
+            dropped = _drop_dangling_deletes(ctx)
         row = rows[0] if rows else {}
         rewritten = int(row.get("rewritten_data_files_count") or 0)
-        dropped = _drop_dangling_deletes(ctx)
         if had_deletes and not rewritten and not dropped:
             # With delete-file-threshold 1 every data file a delete applies to is rewritten, and
             # one that applies to none is dangling: if neither happened, partial progress dropped
@@ -199,7 +200,8 @@ class RewritePositionDeletes(Task):
         return None
 
     def run(self, ctx: TaskContext) -> TaskResult:
-        rows = ctx.call("rewrite_position_delete_files", options=_map({"rewrite-all": "true"}))
+        with _turn(ctx):  # the sink's commits merge delete files too (service.keyindex.merge)
+            rows = ctx.call("rewrite_position_delete_files", options=_map({"rewrite-all": "true"}))
         row = rows[0] if rows else {}
         return TaskResult(
             files_rewritten=int(row.get("rewritten_delete_files_count") or 0),
@@ -442,6 +444,10 @@ class RemoveOrphans(Task):
                 "metadata_orphans": metadata_orphans,
             },
         )
+
+
+def _turn(ctx: TaskContext) -> AbstractContextManager[bool]:
+    return compaction_turn(ctx.log, ctx.config.sink_id, ctx.identifier, rewrite=True, wait=TURN_WAIT)
 
 
 def _java_table(ctx: TaskContext) -> Any:

@@ -3,7 +3,7 @@
 Each test is one story: rows moving between partitions read exactly by Spark, DuckDB, Trino and
 pyiceberg; pyiceberg refusing an equality-delete table; a compaction that moves the rows a
 precommitted plan deletes, before the plan lands; a compaction the running sink's index follows; a
-commit that waits its turn while its table is compacted.
+commit that waits its turn while its table is compacted; many commits that keep few delete files.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from pyiceberg.catalog import load_catalog
-from pyiceberg.manifest import DataFileContent
+from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
@@ -26,6 +26,7 @@ from service.commit.turns import lock_name
 from service.data.position_deletes import FILE_PATH_ID, read_columns
 from service.failpoints import KILL_EXIT_CODE
 from service.keyindex.build import live_files
+from service.keyindex.merge import MAX_FILES, live_position_deletes
 from tests.sink.conftest import Sink
 from tests.sink.expect import assert_rows, diff
 from txnlog import Phase, TransactionLog
@@ -207,4 +208,28 @@ def test_a_commit_waits_its_turn_while_its_table_is_compacted(
     finally:
         run.kill()
         log.close()
+    assert_rows(spark, sink.table, sink.source.expected_rows(), every_reader=True)
+
+
+def test_many_commits_keep_few_delete_files(make_sink: Any, spark: SparkSession) -> None:
+    """Every batch updates rows of earlier ones, one commit each: the partition's position-delete files
+    are merged as they pile up, so the table holds at most MAX_FILES of them (and about as many delete
+    manifests) after any number of commits, and every engine reads the rows exactly."""
+    sink: Sink = make_sink(keys=60, partitions=1, kafka={"max_offsets_per_trigger": 40}, table=POSITION)
+    sink.produce(800)
+    run = sink.run_until_caught_up()
+    assert "merged into one" in run.log(), "no merge: the batches never piled up delete files"
+    table = _catalog(sink).load_table(sink.table)
+    commits = [
+        s for s in table.snapshots() if s.summary is not None and s.summary.get("total-position-deletes")
+    ]
+    live = live_position_deletes(table)
+    assert len(commits) > 2 * MAX_FILES, f"{len(commits)} commits with deletes: too few to need merging"
+    assert live and all(len(files) <= MAX_FILES for files in live.values()), {
+        k: len(v) for k, v in live.items()
+    }
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    delete_manifests = [m for m in snapshot.manifests(table.io) if m.content == ManifestContent.DELETES]
+    assert len(delete_manifests) <= MAX_FILES + 1
     assert_rows(spark, sink.table, sink.source.expected_rows(), every_reader=True)

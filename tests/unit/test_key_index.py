@@ -23,6 +23,7 @@ from service.data.position_deletes import FILE_PATH_ID, read_columns
 from service.iceberg.row_delta import RowDelta
 from service.keyindex.build import current, live_files
 from service.keyindex.index import KeyIndex
+from service.keyindex.merge import MAX_FILES, live_position_deletes, merge_deletes
 from service.keyindex.resolve import resolve
 
 Row = tuple[int, str | None, str | None, str]  # id, name, country, op
@@ -44,6 +45,7 @@ class Sink:
         self.table: Table = catalog.create_table("ns.t", schema, partition_spec=spec)
         self.index: KeyIndex | None = None
         self.model: dict[int, dict[str, Any]] = {}
+        self.merges = 0
 
     def batch(self, rows: list[Row]) -> None:
         columns = list(zip(*rows, strict=True))
@@ -68,7 +70,11 @@ class Sink:
         self.index = current(self.index, self.table, "ns.t", ["id"])
         resolved = resolve(self.index, self.table, written.data, written.located)
         snapshot_id = new_snapshot_id()
-        self.table = RowDelta(self.table, snapshot_id, written.data, resolved.delete_files, {}).commit()
+        merge = merge_deletes(self.table, resolved.delete_files)  # as the committer's attempts do
+        self.merges += bool(merge.remove or merge.merged_away)
+        self.table = RowDelta(
+            self.table, snapshot_id, written.data, merge.add, {}, removed_deletes=merge.remove
+        ).commit()
         self.index.ahead.add(snapshot_id)
         for key, name, country, op in rows:
             if op == "d":
@@ -160,3 +166,24 @@ def test_uuid_and_widened_keys_build_an_index(tmp_path: Path) -> None:
     widened = catalog.load_table("ns.w")
     widened.append(pa.table({"id": pa.array([3], pa.int64())}, schema=widened.schema().as_arrow()))
     assert sorted(current(None, catalog.load_table("ns.w"), "ns.w", ["id"]).rows) == [1, 2, 3]
+
+
+def test_delete_files_piling_up_in_a_partition_are_merged(sink: Sink) -> None:
+    """Thirty batches, each updating keys of both partitions: each partition keeps at most MAX_FILES
+    position-delete files, the removed ones are recorded as deleted in the commit that merged them,
+    and the table reads exactly, through pyiceberg and through an index built from it."""
+    sink.batch([(k, f"n{k}", "us" if k % 2 else "fr", "c") for k in range(40)])
+    for i in range(30):
+        sink.batch([(k, f"v{i}-{k}", "us" if (k + i) % 2 else "fr", "u") for k in range(i % 7, 40, 3)])
+        live = live_position_deletes(sink.table)
+        assert all(len(files) <= MAX_FILES for files in live.values()), {k: len(v) for k, v in live.items()}
+    assert sink.merges >= 4, f"{sink.merges} merges in 30 batches"
+    assert sink.rows() == sink.expected()
+    removed = [
+        s
+        for s in sink.table.snapshots()
+        if s.summary is not None and int(s.summary.get("removed-delete-files") or 0) > 0
+    ]
+    assert removed, "no snapshot records the delete files it merged away"
+    assert sink.index is not None
+    assert _places(current(None, sink.table, "ns.t", ["id"])) == _places(sink.index)
