@@ -197,7 +197,8 @@ def test_a_commit_waits_its_turn_while_its_table_is_compacted(
             compacted = catalog.load_table(sink.table).current_snapshot()
             assert compacted is not None and held_at is not None
             assert compacted.parent_snapshot_id == held_at.snapshot_id, "the sink committed while it waited"
-        run.wait_for_log("waited", timeout=60)
+            time.sleep(2)  # the wait outlasts the threshold at which the sink logs it
+        run.wait_for_log("for a compaction (icesink maintain) to finish", timeout=60)
         run.wait_for_log("moved by another commit since snapshot", timeout=180)
         deadline = time.monotonic() + 120
         while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
