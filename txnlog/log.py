@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -570,49 +570,57 @@ class TransactionLog:
     # -- named locks ----------------------------------------------------------------------------------
 
     @contextmanager
-    def named_lock(self, name: str, *, shared: bool, wait: timedelta) -> Iterator[bool]:
-        """Hold a Postgres advisory lock called ``name`` while the block runs; yields whether it was
-        taken (False: ``wait`` ran out first, and the block runs without it).
+    def named_locks(self, names: Sequence[str], *, shared: bool, wait: timedelta) -> Iterator[bool]:
+        """Hold the Postgres advisory locks called ``names`` while the block runs; yields whether all
+        were taken (False: ``wait`` ran out first, and the block runs without any).
 
-        Many holders may share it, or one holds it alone. It is a session lock on a connection of its
-        own, taken in a short transaction and then held outside any, so no idle-in-transaction timeout
-        ends it however long the block runs; it ends with the block, or with the session when the
-        process dies or its connection is lost. Nothing in the log depends on these locks: callers use
-        them to take turns where the outcome is safe either way (see docs/txnlog.md).
+        Many holders may share each, or one holds it alone. They are session locks on one connection
+        of their own, taken (in name order) in a short transaction and then held outside any, so no
+        idle-in-transaction timeout ends them however long the block runs; they end with the block,
+        or with the session when the process dies or its connection is lost. Nothing in the log
+        depends on these locks: callers use them to take turns where the outcome is safe either way
+        (see docs/txnlog.md).
         """
+        ordered = sorted(set(names))
+        if not ordered:
+            yield True
+            return
         kind = "pg_advisory_lock_shared" if shared else "pg_advisory_lock"
         ms = max(1, round(wait.total_seconds() * 1000))
+        take = text(f"SELECT {kind}(hashtextextended(n, 0)) FROM unnest(CAST(:names AS text[])) AS n")
 
         def acquire() -> tuple[Connection, bool]:
             conn = self._engine.connect()
             try:
                 with conn.begin():
                     conn.execute(text(f"SET LOCAL lock_timeout = {ms}"))
-                    conn.execute(text(f"SET LOCAL statement_timeout = {ms + 5000}"))
-                    conn.execute(text(f"SELECT {kind}(hashtextextended(:name, 0))"), {"name": name})
+                    conn.execute(text(f"SET LOCAL statement_timeout = {ms * len(ordered) + 5000}"))
+                    conn.execute(take, {"names": ordered})
                 return conn, True
-            except SQLAlchemyError as exc:
-                if not is_lock_timeout(exc):
-                    _discard(conn)
-                    raise
-                _discard(conn)
-                return conn, False
+            except BaseException as exc:
+                # Session locks outlive a rollback: the ones taken before the timeout go with the session.
+                _close_session(conn)
+                if isinstance(exc, SQLAlchemyError) and is_lock_timeout(exc):
+                    return conn, False
+                raise
 
-        conn, taken = self._retrying(f"named lock {name}", None, acquire)
+        conn, taken = self._retrying(f"named locks {ordered}", None, acquire)
         try:
             yield taken
         finally:
             if taken:
                 release = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
                 try:
-                    conn.execute(text(f"SELECT {release}(hashtextextended(:name, 0))"), {"name": name})
+                    conn.execute(
+                        text(
+                            f"SELECT {release}(hashtextextended(n, 0)) FROM unnest(CAST(:names AS text[])) AS n"
+                        ),
+                        {"names": ordered},
+                    )
                     conn.commit()
                     conn.close()
                 except Exception:
-                    with suppress(Exception):
-                        conn.invalidate()  # closing the session frees the lock
-                    with suppress(Exception):
-                        conn.close()
+                    _close_session(conn)
 
     # -- inspection ---------------------------------------------------------------------------------
 
@@ -666,3 +674,11 @@ def _discard(conn: Connection) -> None:
     finally:
         with suppress(Exception):
             conn.close()
+
+
+def _close_session(conn: Connection) -> None:
+    """Close a connection's session, not just return it to the pool: its session locks end with it."""
+    with suppress(Exception):
+        conn.invalidate()
+    with suppress(Exception):
+        conn.close()

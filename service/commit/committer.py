@@ -22,7 +22,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -236,14 +235,9 @@ class Committer:
                     self.MAX_RELOCKS,
                 )
 
-        with ExitStack() as turns:  # before the sink row is locked: a compaction may take minutes
-            for pending in writes:
-                if pending.position_keys:
-                    turns.enter_context(
-                        compaction_turn(
-                            self.log, self.sink_id, pending.table, rewrite=False, wait=self.compaction_wait
-                        )
-                    )
+        # Before the sink row is locked: a compaction may take minutes.
+        deleting = [p.table for p in writes if p.position_keys]
+        with compaction_turn(self.log, self.sink_id, deleting, rewrite=False, wait=self.compaction_wait):
             attempts = retry_call(
                 commit_locked,
                 Backoff(attempts=self.MAX_RELOCKS + 1, initial_s=0.0, max_s=0.0),

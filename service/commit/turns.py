@@ -37,16 +37,21 @@ def lock_name(sink_id: str, table: str) -> str:
 
 @contextmanager
 def compaction_turn(
-    log: TransactionLog, sink_id: str, table: str, *, rewrite: bool, wait: timedelta
+    log: TransactionLog, sink_id: str, tables: list[str], *, rewrite: bool, wait: timedelta
 ) -> Iterator[bool]:
-    """The block runs in its turn: alone for a rewrite (``rewrite``), beside other commits otherwise.
-    Yields whether the turn was taken (False: it ran without, after ``wait`` or a log error)."""
+    """The block runs in the turn of each of ``tables``: alone for a rewrite (``rewrite``), beside
+    other commits otherwise. Yields whether the turns were taken (False: it ran without, after
+    ``wait`` or a log error). All on one connection: a batch may commit to many tables."""
+    if not tables:
+        yield True
+        return
     who = "compaction" if rewrite else "commit"
+    table = ", ".join(tables)
     started = time.monotonic()
     with ExitStack() as stack:
         try:
             taken = stack.enter_context(
-                log.named_lock(lock_name(sink_id, table), shared=not rewrite, wait=wait)
+                log.named_locks([lock_name(sink_id, t) for t in tables], shared=not rewrite, wait=wait)
             )
         except TxnLogError as exc:
             logger.warning(

@@ -447,7 +447,7 @@ class RemoveOrphans(Task):
 
 
 def _turn(ctx: TaskContext) -> AbstractContextManager[bool]:
-    return compaction_turn(ctx.log, ctx.config.sink_id, ctx.identifier, rewrite=True, wait=TURN_WAIT)
+    return compaction_turn(ctx.log, ctx.config.sink_id, [ctx.identifier], rewrite=True, wait=TURN_WAIT)
 
 
 def _java_table(ctx: TaskContext) -> Any:

@@ -169,8 +169,8 @@ def test_a_commit_waits_its_turn_while_its_table_is_compacted(
     try:
         run.wait_for_log("committed seq", timeout=180)
         catalog = _catalog(sink)
-        with log.named_lock(
-            lock_name(sink.name, sink.table), shared=False, wait=timedelta(seconds=30)
+        with log.named_locks(
+            [lock_name(sink.name, sink.table)], shared=False, wait=timedelta(seconds=30)
         ) as taken:
             assert taken
             held_at = catalog.load_table(sink.table).current_snapshot()
