@@ -530,6 +530,7 @@ class Bench:
             seed=a.seed,
             delete_format=a.soak_delete_format,
             beside_equality=a.soak_beside_equality,
+            compact_every=a.soak_compact_every,
         )
 
     def ratios(self) -> dict[str, str]:
@@ -659,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="soak: also a third sink into a table with equality deletes and no maintenance, measured like "
         "the unmaintained one (with --soak-delete-format position)",
+    )
+    p.add_argument(
+        "--soak-compact-every",
+        type=int,
+        default=None,
+        help="soak: compact the maintained table every N commits instead of after every delete file",
     )
     p.add_argument("--drain-timeout", type=float, default=300)
     p.add_argument("--no-check", action="store_true", help="skip the row-count check of each table")

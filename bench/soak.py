@@ -87,6 +87,19 @@ class SoakParams:
     seed: int = 7
     delete_format: str = "equality"  # table.delete_format of the maintained and unmaintained tables
     beside_equality: bool = False  # a third table, "equality": equality deletes, no maintenance
+    compact_every: int | None = None  # compaction every N commits only (not at every delete file)
+
+
+def maintenance(p: SoakParams) -> dict[str, Any]:
+    """The maintained table's ``maintenance:`` section: :data:`MAINTENANCE`, or with
+    ``compact_every`` a compaction every that many commits, whatever the delete files (a position
+    table's merged deletes stay few, so they need no compaction after every commit)."""
+    if p.compact_every is None:
+        return MAINTENANCE
+    return {
+        **MAINTENANCE,
+        "compaction": {"delete_files": 1_000_000, "commits": p.compact_every, "max_age": None},
+    }
 
 
 def table_labels(p: SoakParams) -> tuple[str, ...]:
@@ -481,11 +494,11 @@ class Soak:
         maintainer = Maintainer(
             self.workdir,
             f"{namespace}_maintain",
-            {**configs["maintained"], "maintenance": MAINTENANCE},
+            {**configs["maintained"], "maintenance": maintenance(p)},
         )
         result: dict[str, Any] = {
             "params": {**p.__dict__, "chunks": chunks},
-            "maintenance": MAINTENANCE,
+            "maintenance": maintenance(p),
             "tables": tables,
             "topic": topic,
             "checkpoints": [],

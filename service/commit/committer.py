@@ -46,6 +46,8 @@ from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
 
 logger = logging.getLogger(__name__)
 
+_WAITED_S = 0.05  # a turn taken after this long was another's first (a compaction's)
+
 
 @dataclass(frozen=True)
 class CommitResult:
@@ -237,7 +239,14 @@ class Committer:
 
         # Before the sink row is locked: a compaction may take minutes.
         deleting = [p.table for p in writes if p.position_keys]
-        with compaction_turn(self.log, self.sink_id, deleting, rewrite=False, wait=self.compaction_wait):
+        with compaction_turn(
+            self.log, self.sink_id, deleting, rewrite=False, wait=self.compaction_wait
+        ) as turn:
+            if (
+                turn.waited_s >= _WAITED_S
+            ):  # a compaction committed meanwhile: build on the table as it is now
+                for table in deleting:
+                    self.known.forget(table)
             attempts = retry_call(
                 commit_locked,
                 Backoff(attempts=self.MAX_RELOCKS + 1, initial_s=0.0, max_s=0.0),

@@ -24,11 +24,18 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 from txnlog import TransactionLog, TxnLogError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Turn:
+    taken: bool  # False: the block runs without its turn (the wait ran out, or the log failed)
+    waited_s: float  # how long it waited for the turn (or for the log to give up)
 
 
 def lock_name(sink_id: str, table: str) -> str:
@@ -38,12 +45,12 @@ def lock_name(sink_id: str, table: str) -> str:
 @contextmanager
 def compaction_turn(
     log: TransactionLog, sink_id: str, tables: list[str], *, rewrite: bool, wait: timedelta
-) -> Iterator[bool]:
+) -> Iterator[Turn]:
     """The block runs in the turn of each of ``tables``: alone for a rewrite (``rewrite``), beside
-    other commits otherwise. Yields whether the turns were taken (False: it ran without, after
+    other commits otherwise. Yields the :class:`Turn` (not taken: the block runs without it, after
     ``wait`` or a log error). All on one connection: a batch may commit to many tables."""
     if not tables:
-        yield True
+        yield Turn(taken=True, waited_s=0.0)
         return
     who = "compaction" if rewrite else "commit"
     table = ", ".join(tables)
@@ -66,4 +73,4 @@ def compaction_turn(
             )
         elif taken and waited >= 1.0:
             logger.info("%s of %s waited %.1f s for %s to finish", who, table, waited, other)
-        yield taken
+        yield Turn(taken=taken, waited_s=waited)
