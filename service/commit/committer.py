@@ -27,19 +27,17 @@ from datetime import timedelta
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
+from service.commit.attempt_deletes import PlanDeletes
 from service.commit.marks import commit_properties, latest_mark, property_key, property_mark
-from service.commit.plan import SUMMARY_SINK_ID, BatchPlan, PendingCommit
+from service.commit.plan import BatchPlan, PendingCommit
 from service.commit.turns import compaction_turn
 from service.config import SinkConfig
 from service.failpoints import failpoint
 from service.iceberg.catalog import connect
 from service.iceberg.row_delta import RowDelta
 from service.iceberg.tables import KnownTables
-from service.keyindex.merge import DeleteMerge, merge_deletes
-from service.keyindex.resolve import refresh
 from service.metrics import SinkMetrics
 from service.retrying import Backoff, CatalogAnswer, catalog_answer, retry_call
 from txnlog import Fenced, Lease, LockLost, Phase, TransactionLog
@@ -107,8 +105,7 @@ class Committer:
         self._thread_catalogs = threading.local()
         self.known = known or KnownTables()  # each table as the last commit left it
         self.compaction_wait = compaction_wait
-        self.writer_properties = writer_properties or {}  # the sink's write section, for merged deletes
-        self._merged_away: dict[str, list[str]] = {}  # table → its plan's delete files merged into others
+        self.deletes = PlanDeletes(self.sink_id, writer_properties or {})
 
     @classmethod
     def of(
@@ -258,42 +255,15 @@ class Committer:
         return CommitResult(seq, attempts)
 
     def _drop_position_keys(self, writes: list[PendingCommit]) -> None:
-        """A landed plan's position-keys file is needed no more (only to resolve its deletes again),
-        nor are its delete files that the commit merged into others (:mod:`service.keyindex.merge`)."""
+        """Files of a landed plan that nothing needs any more (:mod:`service.commit.attempt_deletes`)."""
         for pending in writes:
-            paths = [
-                *([pending.position_keys] if pending.position_keys else []),
-                *self._merged_away.pop(pending.table, []),
-            ]
-            if not paths:
+            if not (paths := self.deletes.leftovers(pending)):
                 continue
             try:  # best effort: the plan is committed; orphans otherwise
                 table = self.known.get(pending.table, self.catalog) or self.catalog.load_table(pending.table)
                 _discard(table.io, paths)
             except Exception as exc:
                 logger.debug("could not delete %s: %s", paths, exc)
-
-    def _position_deletes(
-        self, table: Table, pending: PendingCommit, keep_lock: Callable[[], None]
-    ) -> tuple[list[DataFile], list[str]]:
-        """The plan's delete files, resolved again if rows they name were moved since they were
-        resolved (a compaction committed meanwhile), and the paths of any files written for that.
-
-        pyiceberg has no row delta that validates the data files a position delete names, so every
-        attempt checks the lineage itself: a delete of a replaced file would delete nothing and the
-        old row would live on in the compacted file. The row stays locked meanwhile: ``keep_lock``
-        proves it after each file read."""
-        if not pending.position_keys or not pending.delete_files:
-            return pending.delete_files, []
-        again = refresh(
-            table,
-            pending,
-            lambda s: s.summary is not None and s.summary.get(SUMMARY_SINK_ID) == self.sink_id,
-            beat=keep_lock,
-        )
-        if again is None:
-            return pending.delete_files, []
-        return again.delete_files, [f.file_path for f in again.delete_files]
 
     def _commit_to_iceberg(
         self,
@@ -342,30 +312,25 @@ class Committer:
             if not files_checked:
                 check_files_exist(table, pending, self.sink_id, seq)
                 files_checked = True
-            delete_files, refreshed = self._position_deletes(table, pending, keep_lock)
-            merge = (
-                merge_deletes(table, delete_files, self.writer_properties)
-                if pending.position_keys
-                else DeleteMerge(add=delete_files)
-            )
+            deletes = self.deletes.for_attempt(table, pending, keep_lock)
             delta = RowDelta(
                 table,
                 snapshot_id,
                 pending.data_files,
-                merge.add,
+                deletes.add,
                 summary,
                 table_properties=properties,
-                removed_deletes=merge.remove,
+                removed_deletes=deletes.remove,
             )
             failpoint("during_catalog_commit")
             try:
                 committed = delta.commit()
             except Exception as exc:
                 if _answer(exc) == CatalogAnswer.CONFLICT:
-                    rejected.extend(delta.written_metadata_files + refreshed + merge.written)
+                    rejected.extend(delta.written_metadata_files + deletes.written)
                 raise
             self.known.advance(pending.table, table.metadata_location, committed)
-            self._merged_away[pending.table] = merge.merged_away
+            self.deletes.landed(pending.table, deletes)
             return attempts
 
         def on_failure(attempt: int, exc: BaseException) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -214,11 +216,19 @@ class _Current:
         return self.snapshot
 
 
+class _FreeTurns:
+    """A txnlog whose named locks are always free (the sink's turns: service.commit.turns)."""
+
+    @contextmanager
+    def named_locks(self, names: list[str], *, shared: bool, wait: timedelta) -> Iterator[bool]:
+        yield True
+
+
 class _Procedure(TaskContext):
     """A task context whose procedure call answers ``row`` (Spark and the catalog faked away)."""
 
     def __init__(self, row: dict[str, Any]) -> None:
-        super().__init__(parse_config(BASE, env={}), None, "rest", None, None, "ns.t")  # type: ignore[arg-type]
+        super().__init__(parse_config(BASE, env={}), None, "rest", None, _FreeTurns(), "ns.t")  # type: ignore[arg-type]
         self.row = row
 
     def call(self, procedure: str, **args: str) -> list[dict[str, Any]]:
