@@ -26,7 +26,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from txnlog.dsn import masked, parse_dsn, scrub
 from txnlog.errors import LockLost, LockTimeout, TxnLogError, Unavailable
 from txnlog.model import Action, HistoryEntry, JSONDict, Lease, Phase, SinkState
-from txnlog.retry import RetryPolicy, driver_error, is_lock_timeout, is_transient, run_with_retry
+from txnlog.retry import (
+    QUERY_CANCELED,
+    RetryPolicy,
+    driver_error,
+    is_lock_timeout,
+    is_transient,
+    run_with_retry,
+    sqlstate,
+)
 from txnlog.schema import ensure_schema, tables
 from txnlog.settings import SessionSettings
 from txnlog.transitions import (
@@ -572,35 +580,40 @@ class TransactionLog:
     @contextmanager
     def named_locks(self, names: Sequence[str], *, shared: bool, wait: timedelta) -> Iterator[bool]:
         """Hold the Postgres advisory locks called ``names`` while the block runs; yields whether all
-        were taken (False: ``wait`` ran out first, and the block runs without any).
+        were taken within ``wait`` (False: none is held, and the block runs without them).
 
-        Many holders may share each, or one holds it alone. They are session locks on one connection
-        of their own, taken (in name order) in a short transaction and then held outside any, so no
-        idle-in-transaction timeout ends them however long the block runs; they end with the block,
-        or with the session when the process dies or its connection is lost. Nothing in the log
-        depends on these locks: callers use them to take turns where the outcome is safe either way
-        (see docs/txnlog.md).
+        Many holders may share each, or one holds it alone. They are transaction locks, taken in name
+        order in a transaction of their own that stays open, idle, while the block runs (its
+        idle-in-transaction timeout switched off: a compaction may take minutes), and ends with the
+        block, or with the session when the process dies or its connection is lost. A transaction,
+        not a session lock, so that nothing outlives it on a pooled connection (or behind a
+        PgBouncer in transaction mode). Nothing in the log depends on these locks: callers use them
+        to take turns where the outcome is safe either way (see docs/txnlog.md).
         """
         ordered = sorted(set(names))
         if not ordered:
             yield True
             return
-        kind = "pg_advisory_lock_shared" if shared else "pg_advisory_lock"
+        kind = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         ms = max(1, round(wait.total_seconds() * 1000))
-        take = text(f"SELECT {kind}(hashtextextended(n, 0)) FROM unnest(CAST(:names AS text[])) AS n")
 
         def acquire() -> tuple[Connection, bool]:
             conn = self._engine.connect()
             try:
-                with conn.begin():
-                    conn.execute(text(f"SET LOCAL lock_timeout = {ms}"))
-                    conn.execute(text(f"SET LOCAL statement_timeout = {ms * len(ordered) + 5000}"))
-                    conn.execute(take, {"names": ordered})
+                conn.begin()
+                conn.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
+                conn.execute(text(f"SET LOCAL lock_timeout = {ms}"))
+                conn.execute(text(f"SET LOCAL statement_timeout = {ms}"))  # one deadline for all the locks
+                conn.execute(
+                    text(f"SELECT {kind}(hashtextextended(n, 0)) FROM unnest(CAST(:names AS text[])) AS n"),
+                    {"names": ordered},
+                )
                 return conn, True
             except BaseException as exc:
-                # Session locks outlive a rollback: the ones taken before the timeout go with the session.
-                _close_session(conn)
-                if isinstance(exc, SQLAlchemyError) and is_lock_timeout(exc):
+                _discard(conn)  # the rollback lets go of any lock taken before the wait ran out
+                if isinstance(exc, SQLAlchemyError) and (
+                    is_lock_timeout(exc) or sqlstate(exc) == QUERY_CANCELED
+                ):
                     return conn, False
                 raise
 
@@ -609,18 +622,7 @@ class TransactionLog:
             yield taken
         finally:
             if taken:
-                release = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
-                try:
-                    conn.execute(
-                        text(
-                            f"SELECT {release}(hashtextextended(n, 0)) FROM unnest(CAST(:names AS text[])) AS n"
-                        ),
-                        {"names": ordered},
-                    )
-                    conn.commit()
-                    conn.close()
-                except Exception:
-                    _close_session(conn)
+                _discard(conn)
 
     # -- inspection ---------------------------------------------------------------------------------
 
@@ -674,11 +676,3 @@ def _discard(conn: Connection) -> None:
     finally:
         with suppress(Exception):
             conn.close()
-
-
-def _close_session(conn: Connection) -> None:
-    """Close a connection's session, not just return it to the pool: its session locks end with it."""
-    with suppress(Exception):
-        conn.invalidate()
-    with suppress(Exception):
-        conn.close()

@@ -50,6 +50,7 @@ TRANSIENT_SQLSTATES = frozenset(
     }
 )
 LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"  # statement_timeout
 
 # Connection failures carry no SQLSTATE in psycopg; these message fragments mark the permanent ones.
 _PERMANENT_CONNECT_FRAGMENTS = (

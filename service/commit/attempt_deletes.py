@@ -11,7 +11,8 @@ moved on since. So every attempt, from the table as that attempt found it:
   (:mod:`service.keyindex.merge`).
 
 Files an attempt wrote are garbage if the catalog rejects it; once the plan is committed, its
-position-keys file and its own delete files that were merged into others are needed no more.
+position-keys file, and its own delete files that were merged into others or resolved again, are
+needed no more.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class PlanDeletes:
     def __init__(self, sink_id: str, writer_properties: dict[str, str]) -> None:
         self.sink_id = sink_id
         self.writer_properties = writer_properties  # the sink's write section, for the files it writes
-        self._merged_away: dict[str, list[str]] = {}  # table → its plan's delete files merged into others
+        # A landed snapshot's plan files it did not commit: merged into others, or resolved again.
+        self._unused: dict[int | None, list[str]] = {}
 
     def for_attempt(self, table: Table, pending: PendingCommit, keep_lock: Callable[[], None]) -> DeleteMerge:
         """The delete files to add and remove in this attempt; ``written``: the files it wrote. The
@@ -43,18 +45,19 @@ class PlanDeletes:
             beat=keep_lock,
         )
         files = again.delete_files if again is not None else pending.delete_files
-        merge = merge_deletes(table, files, self.writer_properties)
+        merge = merge_deletes(table, files, self.writer_properties, beat=keep_lock)
         if again is not None:
             merge.written.extend(f.file_path for f in again.delete_files)
+            merge.merged_away.extend(f.file_path for f in pending.delete_files)  # replaced by the refresh
         return merge
 
-    def landed(self, table: str, merge: DeleteMerge) -> None:
-        """``merge`` is what the attempt that committed ``table``'s snapshot sent."""
-        self._merged_away[table] = merge.merged_away
+    def landed(self, pending: PendingCommit, merge: DeleteMerge) -> None:
+        """``merge`` is what the attempt that committed ``pending``'s snapshot sent."""
+        self._unused[pending.snapshot_id] = merge.merged_away
 
     def leftovers(self, pending: PendingCommit) -> list[str]:
         """Files of a committed plan that nothing needs any more (deleted best effort: orphans otherwise)."""
         return [
             *([pending.position_keys] if pending.position_keys else []),
-            *self._merged_away.pop(pending.table, []),
+            *self._unused.pop(pending.snapshot_id, []),
         ]

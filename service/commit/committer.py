@@ -330,7 +330,7 @@ class Committer:
                     rejected.extend(delta.written_metadata_files + deletes.written)
                 raise
             self.known.advance(pending.table, table.metadata_location, committed)
-            self.deletes.landed(pending.table, deletes)
+            self.deletes.landed(pending, deletes)
             return attempts
 
         def on_failure(attempt: int, exc: BaseException) -> None:

@@ -113,9 +113,10 @@ class ManifestMerge:
     def rewritable(self, deletes: bool, length: int, live: bool) -> bool:
         """Whether another writer's rewrite of a manifest (``icesink maintain``'s) can't race this
         merge: the sink's next commit may merge a data manifest within ``target_bytes`` into a new
-        one, and a rewrite that deleted it would fail its retry. Delete manifests and larger data
-        manifests the sink never rewrites; a manifest of removed entries only (``live`` false) it
-        drops at its next commit, so it is left to that."""
+        one, and a rewrite that deleted it would fail its retry. Larger data manifests the sink never
+        rewrites, nor delete manifests but when it merges position-delete files, which it does not
+        while the maintainer holds the table's turn (:mod:`service.commit.turns`); a manifest of
+        removed entries only (``live`` false) it drops at its next commit, so it is left to that."""
         return live and (not self.enabled or deletes or length > self.target_bytes)
 
     def rewritable_manifest(self, manifest: ManifestFile) -> bool:

@@ -368,12 +368,15 @@ class RewriteManifests(Task):
         actions = jvm.org.apache.iceberg.spark.actions.SparkActions.get(ctx.spark._jsparkSession)
         size = jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size
         rewritten = added = 0
-        for spec_id in sorted(spec for spec, count in per_spec.items() if count > 1):
-            action = actions.rewriteManifests(java_table).specId(spec_id).rewriteIf(_Rewritable(merge))
-            ctx.check_lease()
-            result = action.execute()
-            rewritten += int(size(result.rewrittenManifests()))
-            added += int(size(result.addedManifests()))
+        # In the table's turn: a sink's commit that merges position-delete files rewrites the delete
+        # manifests that held them (service.keyindex.merge), which would fail this rewrite's retry.
+        with _turn(ctx):
+            for spec_id in sorted(spec for spec, count in per_spec.items() if count > 1):
+                action = actions.rewriteManifests(java_table).specId(spec_id).rewriteIf(_Rewritable(merge))
+                ctx.check_lease()
+                result = action.execute()
+                rewritten += int(size(result.rewrittenManifests()))
+                added += int(size(result.addedManifests()))
         detail = {
             "rewritten_manifests_count": rewritten,
             "added_manifests_count": added,

@@ -23,7 +23,7 @@ from service.data.position_deletes import FILE_PATH_ID, read_columns
 from service.iceberg.row_delta import RowDelta
 from service.keyindex.build import current, live_files
 from service.keyindex.index import KeyIndex
-from service.keyindex.merge import MAX_FILES, live_position_deletes, merge_deletes
+from service.keyindex.merge import MAX_FILES, live_position_deletes, merge_deletes, pick
 from service.keyindex.resolve import resolve
 
 Row = tuple[int, str | None, str | None, str]  # id, name, country, op
@@ -187,3 +187,28 @@ def test_delete_files_piling_up_in_a_partition_are_merged(sink: Sink) -> None:
     assert removed, "no snapshot records the delete files it merged away"
     assert sink.index is not None
     assert _places(current(None, sink.table, "ns.t", ["id"])) == _places(sink.index)
+
+
+def test_merging_rewrites_each_position_a_few_times_only() -> None:
+    """A thousand commits of one small delete file each, in one partition: at most MAX_FILES stay
+    live, and the rows merges rewrite stay within log2 of the total per row (a merge of all but the
+    largest files would rewrite most rows at every merge: quadratic)."""
+    from types import SimpleNamespace
+
+    live: list[Any] = []
+    rewritten = total = 0
+    for i in range(1000):
+        new = SimpleNamespace(record_count=10, file_path=f"d{i}")
+        total += 10
+        files = [*live, new]
+        picked = pick(files, len(files))
+        if picked:
+            merged = sum(f.record_count for f in picked)
+            rewritten += merged
+            files = [f for f in files if f not in picked] + [
+                SimpleNamespace(record_count=merged, file_path=f"m{i}")
+            ]
+        assert len(files) <= MAX_FILES
+        live = files
+    assert sum(f.record_count for f in live) == total
+    assert rewritten <= total * 11, f"{rewritten} rows rewritten for {total}"  # log2(1000) ~ 10
