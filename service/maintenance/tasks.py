@@ -171,9 +171,10 @@ class Compact(Task):
             # one that applies to none is dangling: if neither happened, partial progress dropped
             # the file groups whose commit kept losing to the sink's commits (Iceberg retries
             # commit.retry.num-retries times; the procedure's failed_data_files_count counts
-            # rewrite failures, not these), or (delete_format: position) whose files the sink
-            # committed position deletes for meanwhile, which Iceberg's validation refuses to drop
-            # ("found new position delete for replaced data file"): the work is lost.
+            # rewrite failures, not these), or (delete_format: position, a rewrite that went ahead
+            # without its turn) whose files the sink committed position deletes for meanwhile, which
+            # Iceberg's validation refuses to drop ("found new position delete for replaced data
+            # file"): the work is lost.
             raise CompactionLost(
                 f"compaction of {ctx.identifier} committed nothing: its commits failed (Iceberg's "
                 "validation or retries lost to concurrent commits); the next pass tries again"
