@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -511,7 +512,7 @@ class Bench:
             try:
                 r["soak"] = soak.Soak(self.stack, self.workdir, self.soak_params(), self.session).run()
             except Exception as exc:  # keep the other figures
-                log(f"soak failed: {exc!r}")
+                log(f"soak failed: {exc!r}\n{traceback.format_exc()}")
                 r.setdefault("errors", []).append(f"soak: {exc!r}")
         r["ratios"] = self.ratios()
         r["load_end"] = [round(x, 2) for x in os.getloadavg()]
