@@ -47,6 +47,16 @@ def _deletes(table: Table) -> dict[DataFileContent, list[Any]]:
     }
 
 
+def _wait_until_pyiceberg_reads_exactly(sink: Sink, timeout: float = 120) -> None:
+    """While the sink runs: until pyiceberg reads the rows the source holds (or fail with the diff)."""
+    deadline = time.monotonic() + timeout
+    while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(2)
+    assert not problem, problem
+
+
 def test_rows_moving_between_partitions_read_exactly_by_every_engine(
     make_sink: Any, spark: SparkSession
 ) -> None:
@@ -142,12 +152,7 @@ def test_running_sink_follows_a_compaction(make_sink: Any, spark: SparkSession) 
         sink.produce(300)
         run.wait_for_log("followed snapshot", timeout=180)
         sink.produce(100)
-        deadline = time.monotonic() + 120
-        while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(2)
-        assert not problem, problem
+        _wait_until_pyiceberg_reads_exactly(sink)
     finally:
         run.kill()
     assert "building again" not in run.log()
@@ -199,12 +204,7 @@ def test_a_commit_waits_its_turn_while_its_table_is_compacted(
             time.sleep(2)  # the wait outlasts the threshold at which the sink logs it
         run.wait_for_log("for a compaction (icesink maintain) to finish", timeout=60)
         run.wait_for_log("moved by another commit since snapshot", timeout=180)
-        deadline = time.monotonic() + 120
-        while (problem := diff(sink.source.expected_rows(), pyiceberg_rows(sink.table), "pyiceberg")) and (
-            time.monotonic() < deadline
-        ):
-            time.sleep(2)
-        assert not problem, problem
+        _wait_until_pyiceberg_reads_exactly(sink)
     finally:
         run.kill()
         log.close()
