@@ -238,10 +238,8 @@ class Committer:
         deleting = [p.table for p in writes if p.position_keys]
         with compaction_turn(
             self.log, self.sink_id, deleting, rewrite=False, wait=self.compaction_wait
-        ) as turn:
-            if (
-                turn.waited_s >= _WAITED_S
-            ):  # a compaction committed meanwhile: build on the table as it is now
+        ) as waited:
+            if waited >= _WAITED_S:  # a compaction committed meanwhile: build on the table as it is now
                 for table in deleting:
                     self.known.forget(table)
             attempts = retry_call(

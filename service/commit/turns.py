@@ -24,18 +24,11 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 
 from txnlog import TransactionLog, TxnLogError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Turn:
-    taken: bool  # False: the block runs without its turn (the wait ran out, or the log failed)
-    waited_s: float  # how long it waited for the turn (or for the log to give up)
 
 
 def lock_name(sink_id: str, table: str) -> str:
@@ -45,12 +38,13 @@ def lock_name(sink_id: str, table: str) -> str:
 @contextmanager
 def compaction_turn(
     log: TransactionLog, sink_id: str, tables: list[str], *, rewrite: bool, wait: timedelta
-) -> Iterator[Turn]:
+) -> Iterator[float]:
     """The block runs in the turn of each of ``tables``: alone for a rewrite (``rewrite``), beside
-    other commits otherwise. Yields the :class:`Turn` (not taken: the block runs without it, after
-    ``wait`` or a log error). All on one connection: a batch may commit to many tables."""
+    other commits otherwise. Yields how long it waited (for the turn, or for ``wait`` to run out or
+    the log to fail: then the block runs without it). All on one connection: a batch may commit to
+    many tables."""
     if not tables:
-        yield Turn(taken=True, waited_s=0.0)
+        yield 0.0
         return
     who = "compaction" if rewrite else "commit"
     table = ", ".join(tables)
@@ -73,4 +67,4 @@ def compaction_turn(
             )
         elif taken and waited >= 1.0:
             logger.info("%s of %s waited %.1f s for %s to finish", who, table, waited, other)
-        yield Turn(taken=taken, waited_s=waited)
+        yield waited

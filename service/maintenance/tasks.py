@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from py4j.protocol import Py4JJavaError
 
-from service.commit.turns import Turn, compaction_turn
+from service.commit.turns import compaction_turn
 from service.config import MaintenanceConfig, SinkConfig
 from service.iceberg.row_delta import ManifestMerge
 from service.maintenance.table_health import TableHealth
@@ -450,7 +450,7 @@ class RemoveOrphans(Task):
         )
 
 
-def _turn(ctx: TaskContext) -> AbstractContextManager[Turn]:
+def _turn(ctx: TaskContext) -> AbstractContextManager[float]:
     return compaction_turn(ctx.log, ctx.config.sink_id, [ctx.identifier], rewrite=True, wait=TURN_WAIT)
 
 
