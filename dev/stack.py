@@ -6,15 +6,16 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
 an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST catalog server
 (JDBC backend on the dev Postgres, warehouse on the S3 server) and Kafka Connect (standalone worker with
 Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database) and Trino (a single
-node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables). Spark's extra
-jars are fetched too.
+node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables) and a schema
+registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro).
+Spark's extra jars are fetched too.
 
 Only the standard library is used, so this runs with the venv's or the system's python3.
 
@@ -23,7 +24,7 @@ Environment knobs (all optional):
   ICESINK_RUN_DIR        data dirs, logs, pid files (default <repo>/.cache/run)
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
-  ICESINK_TRINO_PORT=18080
+  ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
                          the newest JDK 24+ under /usr/lib/jvm)
   ICESINK_S3_SERVER      force minio | moto (default: the first that installs)
@@ -97,6 +98,10 @@ class Config:
     rest_port: int = field(default_factory=lambda: _env_int("ICESINK_REST_PORT", 18181))
     connect_port: int = field(default_factory=lambda: _env_int("ICESINK_CONNECT_PORT", 18083))
     trino_port: int = field(default_factory=lambda: _env_int("ICESINK_TRINO_PORT", 18080))
+    registry_port: int = field(default_factory=lambda: _env_int("ICESINK_REGISTRY_PORT", 18085))
+    registry_management_port: int = field(
+        default_factory=lambda: _env_int("ICESINK_REGISTRY_MANAGEMENT_PORT", 18086)
+    )
     # Throwaway credentials of the local dev stack (nothing else uses them).
     pg_user: str = os.environ.get("ICESINK_PG_USER", "icesink")
     pg_password: str = os.environ.get("ICESINK_PG_PASSWORD", "icesink")
@@ -127,6 +132,11 @@ class Config:
     @property
     def trino_uri(self) -> str:
         return f"http://{HOST}:{self.trino_port}"
+
+    @property
+    def registry_uri(self) -> str:
+        """The registry's Confluent-compatible API (what source.schema_registry.url names)."""
+        return f"http://{HOST}:{self.registry_port}/apis/ccompat/v7"
 
     def pg_dsn(self, db: str) -> str:
         return f"postgresql+psycopg://{self.pg_user}:{self.pg_password}@{HOST}:{self.pg_port}/{db}"
@@ -587,6 +597,46 @@ def trino_install() -> Path:
     return TRINO_HOME
 
 
+# ---- the schema registry: Apicurio Registry's Quarkus app from Maven Central (Java 21+: Temurin 25)
+
+REGISTRY_VERSION = "3.3.3"
+REGISTRY_HOME = CACHE / "apicurio" / f"registry-{REGISTRY_VERSION}"
+
+
+def registry_installed() -> bool:
+    return stamp_ok(REGISTRY_HOME / ".stamp", sha256_text(REGISTRY_VERSION))
+
+
+def registry_install() -> Path:
+    """Unpack ``apicurio-registry-app:<version>:tar.gz:all`` (a Quarkus fast-jar: quarkus-run.jar)."""
+    trino_java_home()  # the same JDK 24+ runs it
+    if registry_installed():
+        return REGISTRY_HOME
+    coordinate = f"io.apicurio:apicurio-registry-app:{REGISTRY_VERSION}:tar.gz:all"
+    log(f"fetching {coordinate} with Maven")
+    mvn(coordinate, f"{MAVEN_DEPENDENCY_PLUGIN}:get", f"-Dartifact={coordinate}", "-Dtransitive=false")
+    archive = (
+        CACHE
+        / "m2"
+        / "io"
+        / "apicurio"
+        / "apicurio-registry-app"
+        / REGISTRY_VERSION
+        / f"apicurio-registry-app-{REGISTRY_VERSION}-all.tar.gz"
+    )
+    tmp = REGISTRY_HOME.with_name(REGISTRY_HOME.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"unpacking Apicurio Registry {REGISTRY_VERSION} into {REGISTRY_HOME}")
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            if member.isfile():
+                _unpack(member.name, tar.extractfile(member), tmp)
+    shutil.rmtree(REGISTRY_HOME, ignore_errors=True)
+    tmp.rename(REGISTRY_HOME)
+    (REGISTRY_HOME / ".stamp").write_text(sha256_text(REGISTRY_VERSION) + "\n")
+    return REGISTRY_HOME
+
+
 def cmd_install(_: argparse.Namespace) -> int:
     if java_major() < 17:
         raise StackError("Java 17+ is required (Kafka 4 brokers need it): run scripts/bootstrap")
@@ -597,6 +647,7 @@ def cmd_install(_: argparse.Namespace) -> int:
         maven_fetch(module)
     build_rest_launcher()
     trino_install()
+    registry_install()
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -1187,6 +1238,34 @@ def trino_health() -> str:
     return f"Trino {info.get('nodeVersion', {}).get('version', '?')}, GET /v1/info ok"
 
 
+def registry_start() -> subprocess.Popen[bytes]:
+    """In-memory storage (its default, H2 in memory): schemas live as long as the process, which suits
+    tests; a restart forgets them (the tests register what they produce with)."""
+    if not registry_installed():
+        raise StackError("the schema registry is not installed: run dev/stack install")
+    java_home = trino_java_home()
+    argv = [
+        str(java_home / "bin" / "java"),
+        "-Xms64m",
+        "-Xmx384m",
+        f"-Dquarkus.http.host={HOST}",
+        f"-Dquarkus.http.port={CFG.registry_port}",
+        f"-Dquarkus.management.host={HOST}",
+        f"-Dquarkus.management.port={CFG.registry_management_port}",
+        "-Dquarkus.log.console.format=%d{HH:mm:ss} %-5p [%c{2.}] %s%e%n",
+        "-jar",
+        str(REGISTRY_HOME / "quarkus-run.jar"),
+    ]
+    return spawn(
+        SERVICES["registry"], argv, env={**os.environ, "JAVA_HOME": str(java_home)}, cwd=REGISTRY_HOME
+    )
+
+
+def registry_health() -> str:
+    subjects = json.loads(http_get(CFG.registry_port, "/apis/ccompat/v7/subjects"))
+    return f"Apicurio Registry {REGISTRY_VERSION}, {len(subjects)} subject(s)"
+
+
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
@@ -1202,6 +1281,7 @@ SERVICES: dict[str, Service] = {
     "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
     "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
     "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
+    "registry": Service("registry", CFG.registry_port, "quarkus-run.jar", registry_start, registry_health),
 }
 
 
@@ -1253,6 +1333,7 @@ def installed() -> bool:
         (CACHE / "s3-server").exists()
         and all(maven_fetched(module) for module in MAVEN_MODULES)
         and trino_installed()
+        and registry_installed()
     )
 
 
@@ -1284,7 +1365,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     pg_wal_level_warning()
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside).
-    later = ["rest", "connect", "trino"]
+    later = ["rest", "connect", "trino", "registry"]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1346,7 +1427,7 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
-    for name in ("trino", "connect", "rest", "kafka", "s3", "postgres"):
+    for name in ("registry", "trino", "connect", "rest", "kafka", "s3", "postgres"):
         stop(SERVICES[name])
     return 0
 
@@ -1391,6 +1472,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_REST_URI": CFG.rest_uri,
         "ICESINK_CONNECT_URI": CFG.connect_uri,
         "ICESINK_TRINO_URI": CFG.trino_uri,
+        "ICESINK_SCHEMA_REGISTRY_URL": CFG.registry_uri,
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),
         "ICESINK_S3_ENDPOINT": CFG.s3_endpoint,
         "ICESINK_WAREHOUSE": CFG.warehouse,

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pyiceberg.types import PrimitiveType
 
 from service.model.columns import (
@@ -100,8 +108,49 @@ class KafkaConfig(_Section):
         return value
 
 
+class SchemaRegistryConfig(_Section):
+    """A Confluent-compatible schema registry (Confluent's, Apicurio's ``/apis/ccompat/v7``, Karapace),
+    asked for the writer schema of each schema id the records carry."""
+
+    url: str = Field(description="The registry's base URL, e.g. http://registry:8080/apis/ccompat/v7.")
+    username: str | None = Field(default=None, description="Basic auth user (with password).")
+    password: SecretStr | None = Field(
+        default=None, description="Basic auth password: from the environment, as ${REGISTRY_PASSWORD}."
+    )
+    bearer_token: SecretStr | None = Field(
+        default=None, description="A bearer token (instead of basic auth), from the environment."
+    )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle to verify the registry's TLS certificate."
+    )
+    timeout_s: float = Field(default=10.0, gt=0, description="Timeout of one request to the registry.")
+    retries: int = Field(
+        default=30,
+        ge=1,
+        description="Attempts at a registry that does not answer (or answers 5xx), waits doubling up to 10 s "
+        "(about 4 minutes in all), before the batch fails and is retried as a whole: a record is never "
+        "skipped for it.",
+    )
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> SchemaRegistryConfig:
+        if self.bearer_token is not None and (self.username or self.password):
+            raise ValueError("set either username/password or bearer_token, not both")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+        return self
+
+
 class SourceConfig(_Section):
-    format: Literal["debezium-json"] = "debezium-json"
+    format: Literal["debezium-json", "debezium-avro"] = Field(
+        default="debezium-json",
+        description="debezium-json: Kafka Connect's JSON converter, with or without schema sections; "
+        "debezium-avro: Avro in the Confluent wire format (magic byte 0, a 4-byte schema id), keys too, "
+        "with the writer schemas from source.schema_registry.",
+    )
+    schema_registry: SchemaRegistryConfig | None = None
     max_record_bytes: int = 8 * 1024 * 1024
     decoder: Literal["auto", "spark"] = Field(
         default="auto",
@@ -144,6 +193,21 @@ class SourceConfig(_Section):
         except SchemaError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @model_validator(mode="after")
+    def _avro_needs_a_registry(self) -> SourceConfig:
+        if self.format == "debezium-avro":
+            if self.schema_registry is None:
+                raise ValueError("format debezium-avro needs schema_registry: {url: ...}")
+            if self.decoder == "spark":
+                raise ValueError(
+                    "format debezium-avro is decoded in the Python tasks only: set decoder: auto"
+                )
+        return self
+
+    @property
+    def avro(self) -> bool:
+        return self.format == "debezium-avro"
 
     @property
     def variable_scale_type(self) -> PrimitiveType:

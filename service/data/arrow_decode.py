@@ -20,7 +20,7 @@ import decimal
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import reduce
@@ -121,7 +121,7 @@ def output_type(column: Column) -> pa.DataType:
     return to_arrow_type(spark_type(column))
 
 
-def _row_type(columns: list[Column]) -> pa.StructType:
+def row_type(columns: list[Column]) -> pa.StructType:
     return pa.struct([pa.field(c.name, _wire_type(c)) for c in columns])
 
 
@@ -129,7 +129,7 @@ def envelope_schema(columns: list[Column]) -> pa.Schema:
     """The same fields as the Spark decoder's envelope: a wrong type anywhere in them declines.
     The source position's fields are parsed as their final types (the Spark decoder takes them as
     text and casts): one of another JSON type declines."""
-    row = _row_type(columns)
+    row = row_type(columns)
     source = pa.struct(
         [(name, to_arrow_type(t)) for name, t in SOURCE_FIELDS.items()]
         + [(name, pa.string()) for name in temporal.SNAPSHOT_SOURCE_FIELDS]
@@ -139,7 +139,7 @@ def envelope_schema(columns: list[Column]) -> pa.Schema:
 
 
 def key_schema(key_columns: list[Column]) -> pa.Schema:
-    row = _row_type(key_columns)
+    row = row_type(key_columns)
     return pa.schema([("payload", row), *[(f.name, f.type) for f in row]])
 
 
@@ -459,7 +459,7 @@ def split_schema_sections(values: list[bytes]) -> tuple[list[bytes], list[str | 
     return stripped, [None if s is None else texts[s] for s in raw_sections]
 
 
-def _section_columns(columns: list[Column], section: str) -> list[Column]:
+def section_columns(columns: list[Column], section: str) -> list[Column]:
     """``columns`` encoded as the schema section says (one schema version may send a column in
     milliseconds, the next in microseconds). A section that maps to no columns leaves them as they
     are: the caller's check of the sections declines such a batch."""
@@ -540,23 +540,42 @@ def decode(
         cut, sections = split_schema_sections(texts.to_pylist())
         texts = pa.array(cut, pa.binary())
         schemas = sorted({s for s in sections if s is not None})
-        by_section = {s: _section_columns(columns, s) for s in schemas}
+        by_section = {s: section_columns(columns, s) for s in schemas}
         if any(v != columns for v in by_section.values()):
             versions = [columns if s is None else by_section[s] for s in sections]
             decoded = _decode_by_version(texts, key_texts, kafka, versions, key)
             decoded.schemas = schemas
             return decoded
-    positions = kafka.select(KAFKA_POSITION)
     texts = special_floats_as_numbers(texts, [c.name for c in columns if c.encoding is Encoding.FLOATING])
     envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}
     key_table = _parse(key_texts, key_schema([by_name[k] for k in key]), "record key")
+    return decode_envelopes(envelope, key_table, kafka.select(KAFKA_POSITION), columns, key, schemas)
 
-    payload = _column(envelope, "payload")
+
+def _unwrapped(table: pa.Table) -> Callable[[str], pa.Array]:
+    """A field of a table of envelopes (or keys), wherever it is: inside ``payload`` (the JSON
+    converter with schemas) or at the top (without; Avro)."""
+    if "payload" not in table.column_names:
+        return lambda name: _column(table, name)
+    payload = _column(table, "payload")
     has_payload = pc.is_valid(payload)
+    return lambda name: pc.if_else(has_payload, _field(payload, name), _column(table, name))
 
-    def body(name: str) -> pa.Array:
-        return pc.if_else(has_payload, _field(payload, name), _column(envelope, name))
+
+def decode_envelopes(
+    envelope: pa.Table,
+    key_table: pa.Table,
+    positions: pa.Table,
+    columns: list[Column],
+    key: list[str],
+    schemas: list[str] | None = None,
+) -> Decoded:
+    """Parsed events → changes. ``envelope`` has the fields of :func:`envelope_schema` (``payload``
+    optional), ``key_table`` those of :func:`key_schema`, one row per record; ``positions`` their
+    Kafka positions. Values are in the JSON converter's wire types (a date as days, bytes as
+    base64), whichever format they came in. Declined at the first value or event that is not right."""
+    body = _unwrapped(envelope)
 
     op, after, before, source = body("op"), body("after"), body("before"), body("source")
     if op.null_count:
@@ -572,13 +591,12 @@ def decode(
     julian = temporal.arrow_julian_snapshot(source)  # see spark_decode._julian_mark
     julian_lists = temporal.arrow_julian_snapshot(source, streamed_too=True)
     no_julian = np.zeros(len(julian), dtype=bool)
-    key_payload = _column(key_table, "payload")
-    has_key_payload = pc.is_valid(key_payload)
+    key_field = _unwrapped(key_table)
     out: dict[str, pa.Array] = {}
     for c in columns:
         wire = pc.if_else(is_delete, _field(before, c.name), _field(after, c.name))
         if c.name in key:
-            from_key = pc.if_else(has_key_payload, _field(key_payload, c.name), _column(key_table, c.name))
+            from_key = key_field(c.name)
             wire = pc.coalesce(from_key, wire)
             if wire.null_count:
                 raise Declined(f"key column {c.name} is missing")
@@ -591,7 +609,7 @@ def decode(
         out[column] = _field(source, name)
     counts = pc.value_counts(op).to_pylist()
     rows = _with_positions(out, positions)
-    return Decoded(rows, {str(c["values"]): int(c["counts"]) for c in counts}, schemas)
+    return Decoded(rows, {str(c["values"]): int(c["counts"]) for c in counts}, schemas or [])
 
 
 def _with_positions(columns: dict[str, pa.Array], positions: pa.Table) -> pa.Table:

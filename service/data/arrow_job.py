@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame, SparkSession
 
-from service.data.arrow_decode import Declined, LatestPerKey, decode
+from service.data import avro_decode
+from service.data.arrow_decode import Declined, Decoded, LatestPerKey, decode
 from service.data.files import (
     DELETE_OP,
     OP_COLUMN,
@@ -41,6 +42,7 @@ from service.data.files import (
     located_of,
     write_files,
 )
+from service.data.registry import Registry
 from service.model.columns import Column
 from service.model.datafile_json import from_json, to_json
 from service.pyworker import freeze_survivors, quiet_zip_importers
@@ -68,6 +70,10 @@ class ArrowTaskSpec:
     schema_sections: bool = False  # events carry schema sections; hand them back for checking
     max_task_bytes: int = MAX_TASK_BYTES
     hold: bool = False  # hand the rows back instead of writing files (the table's changes are held)
+    # source.format debezium-avro: the registry of the records' writer schemas (None: Debezium JSON),
+    # and the schema sections whose records are dead letters (why), an incompatible change refused
+    avro: Registry | None = None
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,6 +83,7 @@ class ArrowResult:
     files: list[DataFile] = field(default_factory=list)
     located: pa.Table | None = None  # delete_format: position: where the keys' rows are
     rows: list[pa.Table] = field(default_factory=list)  # a held table's rows, partition by partition
+    dead: pa.Table | None = None  # Avro: the records the tasks found bad (avro_decode.DEAD_COLUMNS)
     newest: datetime | None = None
     bytes: int = 0
     records: int = 0
@@ -249,6 +256,9 @@ class TaskTable:
         self.latest = LatestPerKey(spec.write.key) if spec.write.upsert else None
         self.appended: list[pa.Table] = []
         self.kept = 0
+        self.avro = avro_decode.Schemas(spec.avro) if spec.avro is not None else None
+        self.dead: list[pa.Table] = []
+        self.empty = pa.table({})  # the decoded rows' columns, without rows
 
     def add(self, table: pa.Table) -> None:
         if self.declined is not None:
@@ -264,18 +274,9 @@ class TaskTable:
         live = table if write.upsert else table.filter(pc.is_valid(table["value"]))
         started = time.perf_counter()
         try:
-            too_big = pc.greater(pc.binary_length(live["value"]), self.spec.max_record_bytes)
-            if pc.any(too_big).as_py():
-                raise Declined("a record over source.max_record_bytes")
-            decoded = decode(
-                live["value"],
-                live["key"],
-                live,
-                self.spec.columns,
-                write.key,
-                self.spec.schema_sections,
-            )
+            decoded = self._decode(live)
             self.records += decoded.records
+            self.empty = decoded.rows.slice(0, 0)
             for op, n in decoded.by_op.items():
                 self.by_op[op] = self.by_op.get(op, 0) + n
             self.schemas.update(decoded.schemas)
@@ -296,6 +297,37 @@ class TaskTable:
         finally:
             self.seconds["decode"] += time.perf_counter() - started
 
+    def _decode(self, live: pa.Table) -> Decoded:
+        """The rows' changes, with the JSON decoder (declining at the first record it can't vouch for)
+        or the Avro one (its bad records kept as dead letters)."""
+        too_big = pc.greater(pc.binary_length(live["value"]), self.spec.max_record_bytes)
+        if self.avro is None:
+            if pc.any(too_big).as_py():
+                raise Declined("a record over source.max_record_bytes")
+            return decode(
+                live["value"],
+                live["key"],
+                live,
+                self.spec.columns,
+                self.spec.write.key,
+                self.spec.schema_sections,
+            )
+        limit = self.spec.max_record_bytes
+        result = avro_decode.decode(
+            live["value"].to_pylist(),
+            live["key"].to_pylist(),
+            live,
+            self.spec.columns,
+            self.spec.write.key,
+            self.avro,
+            too_big=pc.fill_null(too_big, False).to_pylist(),
+            rejected=self.spec.rejected,
+            reason_too_big=f"a record over source.max_record_bytes ({limit} bytes)",
+        )
+        if result.dead.num_rows:
+            self.dead.append(result.dead)
+        return result.decoded
+
     def finish(self) -> Iterator[Output]:
         """The task's output rows for this table: its files, held rows, and summary; or its decline."""
         if self.declined is not None:
@@ -306,7 +338,7 @@ class TaskTable:
         write, spec = self.spec.write, self.spec
         started = time.perf_counter()
         rows = self._rows().select([c.name for c in spec.columns] + [OP_COLUMN])
-        written = Written() if spec.hold else write_files(write, rows)
+        written = Written() if spec.hold or not rows.num_rows else write_files(write, rows)
         self.seconds["write"] += time.perf_counter() - started
         for f in written.files:
             yield Output("file", json.dumps(to_json(f)), target=self.target)
@@ -314,6 +346,8 @@ class TaskTable:
             yield Output("located", "", ipc_bytes(written.located), target=self.target)
         if spec.hold and rows.num_rows:
             yield Output("rows", "", ipc_bytes(rows), target=self.target)
+        if self.dead:
+            yield Output("dead", "", ipc_bytes(pa.concat_tables(self.dead)), target=self.target)
         summary = {
             "positions": list(self.positions.values()),
             "records": self.records,
@@ -326,8 +360,11 @@ class TaskTable:
 
     def _rows(self) -> pa.Table:
         """The rows to write: every key's last change (upsert), or every change but deletes (append);
-        a task with records always added some (a chunk is never empty)."""
-        return self.latest.result() if self.latest is not None else pa.concat_tables(self.appended)
+        a task with records always added some (a chunk is never empty; its rows are, when every
+        record of an Avro task was a dead letter)."""
+        if self.latest is not None:
+            return self.latest.result() if self.latest.rows is not None else self.empty
+        return pa.concat_tables(self.appended) if self.appended else self.empty
 
 
 def _delete_quietly(spec: WriteSpec, files: list[DataFile]) -> None:
@@ -433,6 +470,9 @@ def _outcome(
         located=located_of([r.blob for r in rows if r.kind == "located"]),
         rows=[pa.ipc.open_stream(r.blob).read_all() for r in rows if r.kind == "rows"],
     )
+    dead = [pa.ipc.open_stream(r.blob).read_all() for r in rows if r.kind == "dead"]
+    if dead:
+        result.dead = pa.concat_tables(dead)
     newest_us: int | None = None
     for summary, _ in summaries:
         for p in summary["positions"]:

@@ -247,8 +247,22 @@ def send_partition(spec: DeadLetterSpec, batches: Iterator[pa.RecordBatch]) -> I
 def send(bad: DataFrame, kafka: KafkaConfig, topic: str, sink_id: str) -> Sent:
     """Send the dead letters of ``bad`` (the Kafka columns and ``error``); see the module's docstring."""
     spec = DeadLetterSpec(client_config(kafka), topic, sink_id, max_bytes(kafka, topic))
-    outcome = Sent()
     rows = bad.select(*INPUT_COLUMNS).mapInArrow(partial(send_partition, spec), OUTPUT_SCHEMA).collect()
+    return _reported(spec, rows)
+
+
+def send_rows(bad: pa.Table, kafka: KafkaConfig, topic: str, sink_id: str) -> Sent:
+    """:func:`send` for dead letters already in the driver (``bad``: the columns of :data:`INPUT_COLUMNS`;
+    the Avro path's tasks hand back the few records they found bad)."""
+    spec = DeadLetterSpec(client_config(kafka), topic, sink_id, max_bytes(kafka, topic))
+    counts = send_partition(spec, iter(bad.select(INPUT_COLUMNS).to_batches()))
+    return _reported(spec, [row for batch in counts for row in batch.to_pylist()])
+
+
+def _reported(spec: DeadLetterSpec, rows: list[Any]) -> Sent:
+    """The tasks' counts summed, and what was truncated, dropped or refused logged."""
+    topic = spec.topic
+    outcome = Sent()
     for row in rows:
         outcome.sent += row["sent"]
         outcome.truncated += row["truncated"]

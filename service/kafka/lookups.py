@@ -7,7 +7,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,10 +194,16 @@ class Peek:
     key_fields: list[str] = field(default_factory=list)  # the record key's field names, when it has any
 
 
-def _key_fields(raw: bytes | None) -> list[str]:
+# How a record's key or value reads as the JSON converter's ``{"schema", "payload"}`` (or a bare
+# payload): json.loads for Debezium JSON; for Avro, service.data.avro_decode.Schemas.as_json_event.
+# Raises ValueError for what is not such a record.
+Parse = Callable[[bytes], Any]
+
+
+def _key_fields(raw: bytes | None, parse: Parse = json.loads) -> list[str]:
     """A Debezium record key's fields: from its schema section, else the payload's names."""
     try:
-        key = json.loads(raw) if raw else None
+        key = parse(raw) if raw else None
     except ValueError:
         return []
     if isinstance(key, dict) and isinstance(key.get("schema"), dict):
@@ -208,7 +214,13 @@ def _key_fields(raw: bytes | None) -> list[str]:
     return list(key) if isinstance(key, dict) else []
 
 
-def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout_s: float = 10.0) -> Peek:
+def peek(
+    kafka: KafkaConfig,
+    topics: list[str],
+    max_records: int = 1000,
+    timeout_s: float = 10.0,
+    parse: Parse = json.loads,
+) -> Peek:
     """Read the first records of ``topics`` until a change event with a schema section is found.
 
     The topics' partitions are assigned, not subscribed to: a subscription joins a consumer group,
@@ -243,7 +255,7 @@ def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout
                 if msg.error() or raw is None:
                     continue
                 try:
-                    event = json.loads(raw)
+                    event = parse(raw)
                 except ValueError:
                     continue
                 if not isinstance(event, dict):
@@ -254,8 +266,8 @@ def peek(kafka: KafkaConfig, topics: list[str], max_records: int = 1000, timeout
                     names = {
                         k: str(source[k]) for k in ("db", "schema", "table") if source.get(k) is not None
                     }
-                    found = Peek(found.schema, names, found.key_fields or _key_fields(msg.key()))
-                if not found.key_fields and (fields := _key_fields(msg.key())):
+                    found = Peek(found.schema, names, found.key_fields or _key_fields(msg.key(), parse))
+                if not found.key_fields and (fields := _key_fields(msg.key(), parse)):
                     found = Peek(found.schema, found.source, fields)
                 if isinstance(event.get("schema"), dict):
                     return Peek(event["schema"], found.source, found.key_fields)

@@ -25,6 +25,8 @@ from service.model.columns import (
 )
 
 logger = logging.getLogger(__name__)
+# The reason the Avro path gives after evolving a table for a batch: write the batch again.
+EVOLVED = "the table evolved for the batch's new schema versions; writing the batch again"
 
 
 class SchemaTracker:
@@ -41,8 +43,11 @@ class SchemaTracker:
         table: Table,
         encodings: dict[str, Encoding],
         variable_scale: PrimitiveType,
+        tasks_dead_letter: bool = False,
     ) -> None:
         self.settings = settings
+        # Avro: the tasks dead-letter the records of refused schemas themselves (spec.rejected)
+        self.tasks_dead_letter = tasks_dead_letter
         self.variable_scale = variable_scale
         self.track = not settings.columns
         self.encodings = dict(encodings)
@@ -59,7 +64,7 @@ class SchemaTracker:
         """The Arrow path can be off for a while: a column without an Arrow conversion (added by an
         evolution), or events dead-lettered for their schema (only Spark's decoder knows which)."""
         reason = unsupported(self.columns)
-        if reason is None and self.rejected:
+        if reason is None and self.rejected and not self.tasks_dead_letter:
             reason = "events of an incompatible schema are being dead-lettered"
         if reason != self._arrow_skip_reason:
             if reason:
@@ -107,6 +112,26 @@ class SchemaTracker:
             .orderBy(F.col("newest").desc())
             .collect()
         ]
+        return self._evolve(newest_first, catalog)
+
+    def adopt(self, table: Table, texts: set[str], catalog: Catalog) -> str | None:
+        """The Avro path's check of a batch's schema sections (``check_schemas``): a section the table
+        takes as it is passes; otherwise the table is evolved for the new sections now (or they are
+        refused: their records become dead letters) and the reason to write the batch again is given.
+
+        Avro records carry no Kafka timestamp order here; the sections' order is that of their text,
+        so where two new versions encode a column differently the current encoding may be the older
+        one's until the next new version (each record is decoded with its own version's anyway)."""
+        new = texts - self.arrow_checked - set(self.rejected)
+        if not new or self.arrow_reason(table, new) is None:
+            return None
+        before = (dict(self.encodings), dict(self.rejected), list(self.columns))
+        self._evolve(sorted(new, reverse=True), catalog)
+        if (dict(self.encodings), dict(self.rejected), list(self.columns)) == before:
+            return None
+        return EVOLVED
+
+    def _evolve(self, newest_first: list[str], catalog: Catalog) -> dict[str, list[Column]]:
         new = [t for t in newest_first if t not in self.known and t not in self.rejected]
         cfg = self.settings
         before = dict(self.encodings)

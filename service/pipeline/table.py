@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from service.config import Mode, SinkConfig, TableConfig
-from service.data import arrow_job
+from service.data import arrow_job, avro_decode
 from service.data.arrow_decode import Declined
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import (
@@ -40,6 +40,7 @@ from service.data.files import (
     writable,
     write_partition,
 )
+from service.data.registry import Registry
 from service.data.spark_decode import decode, latest_per_key
 from service.iceberg.catalog import catalog_retries
 from service.iceberg.tables import (
@@ -68,11 +69,16 @@ from service.model.datafile_json import from_json
 from service.model.offsets import Offsets
 from service.pipeline.isolation import isolates
 from service.pipeline.result import TableWrite
-from service.pipeline.schemas import SchemaTracker
+from service.pipeline.schemas import EVOLVED, SchemaTracker
 from service.retrying import Backoff, brief, retry_call
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class AvroBatchRefused(RuntimeError):
+    """An Avro batch the Arrow path can't write (a key in two Kafka partitions, a task over
+    source.max_task_bytes): Debezium JSON would take Spark's path, Avro has none."""
 
 
 class StopRequested(RuntimeError):
@@ -106,6 +112,12 @@ def check_new_table(
             raise SchemaError(
                 f"partition_by: {text!r}: {transform} can't be applied to {column} (type {types[column]})"
             )
+
+
+def registry(config: SinkConfig) -> Registry | None:
+    """The schema registry of an Avro source; None for Debezium JSON."""
+    source = config.source
+    return Registry(source.schema_registry) if source.avro and source.schema_registry is not None else None
 
 
 def resolve_key(
@@ -148,7 +160,9 @@ def resolve_table(
     if settings.columns:
         declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in settings.columns]
     if not settings.columns or (settings.mode is Mode.UPSERT and not settings.key):
-        peeked = peek(config.kafka, topics)
+        avro = registry(config)
+        parse = avro_decode.Schemas(avro).as_json_event if avro is not None else json.loads
+        peeked = peek(config.kafka, topics, parse=parse)
     if not settings.columns and peeked.schema is not None:
         declared = columns_from_envelope_schema(
             peeked.schema, variable_scale=config.source.variable_scale_type
@@ -200,7 +214,13 @@ class TablePipeline:
             lambda: resolve_table(config, settings, catalog, topics),
         )
         check_write_properties(table, config.write.table_properties())
-        schemas = SchemaTracker(settings, table, encodings, config.source.variable_scale_type)
+        schemas = SchemaTracker(
+            settings,
+            table,
+            encodings,
+            config.source.variable_scale_type,
+            tasks_dead_letter=config.source.avro,
+        )
         return cls(config, settings, catalog, metrics, schemas, known)
 
     @property
@@ -215,14 +235,26 @@ class TablePipeline:
         return self.schemas.arrow_ready()
 
     def write_arrow(self, records: KafkaRecords, offsets: Offsets) -> TableWrite | None:
-        """The batch through the one-job Arrow path; None if the Arrow decoder declined it."""
+        """The batch through the one-job Arrow path; None if the Arrow decoder declined it (JSON).
+
+        Avro has no other path: a batch with new schema versions evolves the table and is written
+        again (once per evolution); any other decline is an error that names its cause."""
         started = time.monotonic()
-        try:
-            batch = self._retrying(lambda: self._arrow_run(records))
-        except Declined as exc:
-            self.declined(str(exc))
-            return None
-        return self.arrow_written(batch, offsets, started)
+        while True:
+            try:
+                batch = self._retrying(lambda: self._arrow_run(records))
+            except Declined as exc:
+                if not self.config.source.avro:
+                    self.declined(str(exc))
+                    return None
+                if str(exc) == EVOLVED:
+                    self.known.forget(self.identifier)
+                    continue
+                raise AvroBatchRefused(
+                    f"table {self.identifier}: the batch can't be written: {exc}; Avro batches have no "
+                    "second decoder to take them"
+                ) from None
+            return self.arrow_written(batch, offsets, started)
 
     def declined(self, reason: str) -> None:
         logger.info(
@@ -246,16 +278,19 @@ class TablePipeline:
             started=started,
             written=written,
             files=batch.files,
-            records=batch.records,
+            records=batch.records + (0 if batch.dead is None else batch.dead.num_rows),
             by_op=batch.by_op,
             newest=batch.newest,
-            decoder="arrow",
+            decoder="avro" if self.config.source.avro else "arrow",
             located=batch.located,
+            dead_letters=0 if batch.dead is None else batch.dead.num_rows,
         )
 
     def write_spark(self, records: DataFrame, offsets: Offsets, newest: datetime | None = None) -> TableWrite:
         """The batch through Spark's decoder: the table evolved first if the events' schema changed
         (so the table is loaded again, here and for the commit)."""
+        if self.config.source.avro:
+            raise AvroBatchRefused(f"table {self.identifier}: Spark's decoder reads Debezium JSON only")
         started = time.monotonic()
         self.known.forget(self.identifier)
         return self._retrying(
@@ -338,13 +373,32 @@ class TablePipeline:
             max_task_bytes=self.config.source.max_task_bytes,
             schema_sections=self.schemas.track,
             hold=hold,
+            avro=registry(self.config),
+            rejected=dict(self.schemas.rejected),
         )
-        check_schemas = partial(self.schemas.arrow_reason, table) if self.schemas.track else None
+        check_schemas: Callable[[set[str]], str | None] | None = None
+        if self.schemas.track and self.config.source.avro:  # new versions evolve the table, then again
+            check_schemas = partial(self.schemas.adopt, table, catalog=self.catalog)
+        elif self.schemas.track:  # new versions decline the batch to Spark's path, which evolves
+            check_schemas = partial(self.schemas.arrow_reason, table)
         return arrow_job.TableSpec(spec, topics, check_schemas)
 
     def _arrow_run(self, records: KafkaRecords) -> arrow_job.ArrowResult:
         table_spec = self.arrow_spec([])
-        return arrow_job.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
+        result = arrow_job.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
+        self.send_dead_letters(result)
+        return result
+
+    def send_dead_letters(self, result: arrow_job.ArrowResult) -> None:
+        """The records an Avro batch's tasks found bad, to the dead-letter topic: last in the batch's
+        retried attempt, so that a retry (the files could not be written) does not send them twice."""
+        if result.dead is None or not result.dead.num_rows:
+            return
+        sent = dead_letter.send_rows(
+            result.dead, self.config.kafka, self.config.dead_letter_topic, self.config.sink_id
+        )
+        if sent.failed:
+            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
 
     def _spark_write(
         self,
@@ -470,6 +524,9 @@ def write_arrow_tables(
             specs[name] = pipeline.arrow_spec(topics, hold=name in hold)
         specified = time.monotonic()
         outcomes = arrow_job.run_tables(arrow_input(records), specs, first.config.write.parallelism)
+        for name, outcome in outcomes.items():
+            if isinstance(outcome, arrow_job.ArrowResult):
+                tables[name][0].send_dead_letters(outcome)
         if logger.isEnabledFor(logging.DEBUG):
             seconds: dict[str, float] = {}
             for outcome in outcomes.values():

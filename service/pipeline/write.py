@@ -73,6 +73,7 @@ class BatchWriter:
 
     def write(self, batch: Batch, arrow: bool) -> None:
         """Write ``batch`` into its tables and commit it (nothing is committed if nothing moved)."""
+        arrow = arrow or self.config.source.avro  # buffered batches too: Avro has only the Arrow path
         offsets = self.positions.covering(batch.end)
         writes: list[TableWrite] = []
         isolated: list[str] = []
@@ -128,7 +129,8 @@ class BatchWriter:
         """One table's write of the batch: the Arrow path (a one-table sink), else Spark's."""
         pipeline = self.routes.pipelines[identifier]
         mine = self._offsets_of(identifier, offsets) if self.routes.many else offsets
-        if arrow and not self.routes.many and pipeline.arrow_ready():
+        one_job_each = not self.routes.many or self.config.source.avro  # Avro: no Spark path to fall to
+        if arrow and one_job_each and pipeline.arrow_ready():
             write = pipeline.write_arrow(self._of(records.batch, topics), mine)
             if write is not None:
                 return write

@@ -1,0 +1,145 @@
+"""An Avro writer schema as the Kafka Connect schema it was made from, and as the schema to decode with.
+
+Debezium's records are Kafka Connect structs; its Avro converter writes each Connect schema as Avro,
+keeping what Avro has no word for in annotations (``connect.name``, ``connect.parameters``,
+``connect.type``). Turning the Avro schema back into the Connect schema (the JSON converter's
+``schema`` section, :func:`connect_schema`) lets an Avro table take the same columns, encodings and
+schema evolution as a JSON one (:func:`service.model.columns.columns_from_envelope_schema`): the two
+formats can't map a column differently. Plain Avro logical types without a Connect name (a producer
+other than Kafka Connect) map to the Connect type of the same meaning.
+
+Records are decoded with the writer schema stripped of its logical types (:func:`decoding_schema`):
+values come as Avro's primitives (a date as days, a timestamp as an integer, a decimal as its
+unscaled bytes), which is what the JSON converter writes too, so that one conversion
+(:func:`service.data.arrow_decode.convert`) serves both formats.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from service.model.columns import SchemaError
+
+# Avro primitives → Kafka Connect types (an int annotated connect.type int8/int16 keeps that).
+_PRIMITIVES = {
+    "int": "int32",
+    "long": "int64",
+    "float": "float",
+    "double": "float64",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
+# Avro logical types without a connect.name → the Connect (or Debezium) logical name of that meaning.
+_LOGICAL_NAMES = {
+    "date": "org.apache.kafka.connect.data.Date",
+    "time-millis": "org.apache.kafka.connect.data.Time",
+    "time-micros": "io.debezium.time.MicroTime",
+    "timestamp-millis": "org.apache.kafka.connect.data.Timestamp",
+    "timestamp-micros": "io.debezium.time.MicroTimestamp",
+    "local-timestamp-millis": "org.apache.kafka.connect.data.Timestamp",
+    "local-timestamp-micros": "io.debezium.time.MicroTimestamp",
+    "uuid": "io.debezium.data.Uuid",
+}
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+
+
+def _full_name(name: str, namespace: str | None) -> str:
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+class _Converter:
+    """One schema's walk: named types are defined once and referred to by name after that."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, dict[str, Any]] = {}
+
+    def optional(self, avro: Any, namespace: str | None, where: str) -> tuple[dict[str, Any], bool]:
+        """The Connect schema of ``avro`` and whether it is optional (a union with null)."""
+        if isinstance(avro, list):
+            branches = [b for b in avro if b != "null"]
+            if len(branches) != 1:
+                raise SchemaError(
+                    f"{where}: a union of {avro} (only a union of null and one type maps to a column)"
+                )
+            return self.schema(branches[0], namespace, where), len(branches) < len(avro)
+        return self.schema(avro, namespace, where), False
+
+    def schema(self, avro: Any, namespace: str | None, where: str) -> dict[str, Any]:
+        if isinstance(avro, str):
+            if avro in _PRIMITIVES:
+                return {"type": _PRIMITIVES[avro]}
+            name = _full_name(avro, namespace)
+            if name not in self.named:
+                raise SchemaError(f"{where}: unknown Avro type {avro!r}")
+            return copy.deepcopy(self.named[name])
+        if isinstance(avro, list):
+            raise SchemaError(f"{where}: a union inside a union")
+        if not isinstance(avro, dict):
+            raise SchemaError(f"{where}: not an Avro schema: {avro!r}")
+        kind = avro.get("type")
+        if isinstance(kind, dict | list):  # {"type": {"type": "record", ...}}
+            return self.schema(kind, namespace, where)
+        out: dict[str, Any]
+        if kind == "record":
+            name = _full_name(str(avro["name"]), avro.get("namespace", namespace))
+            inner = name.rsplit(".", 1)[0] if "." in name else None
+            fields = []
+            for f in avro.get("fields", []):
+                schema, optional = self.optional(f["type"], inner, f"{where}.{f['name']}")
+                fields.append({**schema, "field": f["name"], "optional": optional})
+            out = {"type": "struct", "fields": fields}
+            self.named[name] = out
+        elif kind == "enum":
+            out = {"type": "string"}
+            self.named[_full_name(str(avro["name"]), avro.get("namespace", namespace))] = out
+        elif kind == "fixed":
+            out = {"type": "bytes"}
+            self.named[_full_name(str(avro["name"]), avro.get("namespace", namespace))] = out
+        elif kind == "array":
+            items, optional = self.optional(avro["items"], namespace, f"{where}[]")
+            out = {"type": "array", "items": {**items, "optional": optional}}
+        elif kind == "map":
+            values, optional = self.optional(avro["values"], namespace, f"{where}{{}}")
+            out = {"type": "map", "keys": {"type": "string"}, "values": {**values, "optional": optional}}
+        elif kind in _PRIMITIVES:
+            out = {"type": avro.get("connect.type", _PRIMITIVES[kind])}
+        else:
+            raise SchemaError(f"{where}: unknown Avro type {kind!r}")
+        logical = avro.get("logicalType")
+        if "connect.name" in avro:
+            out["name"] = avro["connect.name"]
+        elif logical == "decimal":
+            out["name"] = DECIMAL
+        elif logical in _LOGICAL_NAMES:
+            out["name"] = _LOGICAL_NAMES[logical]
+        parameters = dict(avro.get("connect.parameters") or {})
+        if logical == "decimal":
+            parameters.setdefault("scale", str(avro.get("scale", 0)))
+            parameters.setdefault("connect.decimal.precision", str(avro.get("precision", 38)))
+        if parameters:
+            out["parameters"] = parameters
+        if "connect.version" in avro:
+            out["version"] = avro["connect.version"]
+        return out
+
+
+def connect_schema(avro: Any) -> dict[str, Any]:
+    """The Kafka Connect schema (as the JSON converter writes it) that an Avro schema was made from."""
+    return _Converter().schema(avro, None, "value")
+
+
+def connect_text(avro: Any) -> str:
+    """:func:`connect_schema` as normalised JSON text: what a JSON event's schema section is compared as."""
+    return json.dumps(connect_schema(avro), sort_keys=True, separators=(",", ":"))
+
+
+def decoding_schema(avro: Any) -> Any:
+    """The writer schema without its logical types: the same binary encoding, decoded to primitives."""
+    if isinstance(avro, list):
+        return [decoding_schema(a) for a in avro]
+    if not isinstance(avro, dict):
+        return avro
+    return {k: decoding_schema(v) for k, v in avro.items() if k != "logicalType"}
