@@ -343,6 +343,7 @@ MAVEN_MODULES: dict[str, Path] = {
     "connect": CACHE / "connect" / "libs",
     # A Kafka Connect plugin lives in a folder of its own under the worker's plugin.path.
     "debezium-postgres": CACHE / "connect" / "plugins" / "debezium-connector-postgres",
+    "apicurio-converter": CACHE / "connect" / "plugins" / "apicurio-registry-converter",
 }
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -410,6 +411,23 @@ def maven_fetch(module: str) -> list[Path]:
         tmp.rename(dest)
         stamp.write_text(want + "\n")
     return sorted(dest.glob("*.jar"))
+
+
+APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+
+
+def converter_manifest() -> None:
+    """Apicurio's converter jar has no ServiceLoader manifest, and the worker discovers plugins by
+    manifest only (``plugin.discovery: service_load``): a jar of just that manifest sits beside it."""
+    jar = MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar"
+    if jar.exists():
+        return
+    tmp = jar.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w") as zf:
+        zf.writestr(
+            "META-INF/services/org.apache.kafka.connect.storage.Converter", APICURIO_AVRO_CONVERTER + "\n"
+        )
+    tmp.rename(jar)
 
 
 def spark_jars() -> list[Path]:
@@ -645,6 +663,7 @@ def cmd_install(_: argparse.Namespace) -> int:
     check_connect_matches_kafka()
     for module in MAVEN_MODULES:
         maven_fetch(module)
+    converter_manifest()
     build_rest_launcher()
     trino_install()
     registry_install()
@@ -1334,6 +1353,7 @@ def installed() -> bool:
         and all(maven_fetched(module) for module in MAVEN_MODULES)
         and trino_installed()
         and registry_installed()
+        and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
 

@@ -43,6 +43,7 @@ STACK_VARS = (
     "AWS_REGION",
     "ICESINK_SPARK_JARS",
     "ICESINK_S3_SERVER",
+    "ICESINK_SCHEMA_REGISTRY_URL",
 )
 
 
@@ -58,6 +59,7 @@ class Stack:
     region: str
     spark_jars: tuple[str, ...]
     s3_server: str
+    schema_registry_url: str  # the registry's Confluent-compatible API
 
     def pyiceberg_properties(self) -> dict[str, str]:
         """Properties of a pyiceberg RestCatalog on this stack (S3 path-style is pyiceberg's default
@@ -145,6 +147,7 @@ def stack() -> Stack:
         region=env["AWS_REGION"],
         spark_jars=tuple(j for j in env["ICESINK_SPARK_JARS"].split(",") if j),
         s3_server=env["ICESINK_S3_SERVER"],
+        schema_registry_url=env["ICESINK_SCHEMA_REGISTRY_URL"].rstrip("/"),
     )
     problems = _check_health(result)
     if problems:

@@ -53,7 +53,6 @@ from service.iceberg.tables import (
     format_version_problem,
     parse_partition_field,
 )
-from service.kafka import dead_letter
 from service.kafka.lookups import Peek, peek
 from service.kafka.records import KafkaRecords
 from service.metrics import SinkMetrics
@@ -67,6 +66,7 @@ from service.model.columns import (
 )
 from service.model.datafile_json import from_json
 from service.model.offsets import Offsets
+from service.pipeline.dead_letters import send_decoded, send_found
 from service.pipeline.isolation import isolates
 from service.pipeline.result import TableWrite
 from service.pipeline.schemas import EVOLVED, SchemaTracker
@@ -386,19 +386,8 @@ class TablePipeline:
     def _arrow_run(self, records: KafkaRecords) -> arrow_job.ArrowResult:
         table_spec = self.arrow_spec([])
         result = arrow_job.run(arrow_input(records), table_spec.spec, table_spec.check_schemas)
-        self.send_dead_letters(result)
+        send_found(self.config, self.metrics, result.dead)
         return result
-
-    def send_dead_letters(self, result: arrow_job.ArrowResult) -> None:
-        """The records an Avro batch's tasks found bad, to the dead-letter topic: last in the batch's
-        retried attempt, so that a retry (the files could not be written) does not send them twice."""
-        if result.dead is None or not result.dead.num_rows:
-            return
-        sent = dead_letter.send_rows(
-            result.dead, self.config.kafka, self.config.dead_letter_topic, self.config.sink_id
-        )
-        if sent.failed:
-            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
 
     def _spark_write(
         self,
@@ -449,7 +438,8 @@ class TablePipeline:
             # Last, so that a batch retried because its files could not be written (catalog or object
             # store down) does not send its dead letters twice.
             if dead_letters:
-                self._dead_letter(self._decode(records, versions).where(F.col(ERROR_COLUMN).isNotNull()))
+                bad = self._decode(records, versions).where(F.col(ERROR_COLUMN).isNotNull())
+                send_decoded(self.config, self.metrics, bad)
         finally:
             changes.unpersist()
         return TableWrite(
@@ -477,16 +467,6 @@ class TablePipeline:
             tombstones=self.upsert,
             versions=versions,
         )
-
-    def _dead_letter(self, bad: DataFrame) -> None:
-        sent = dead_letter.send(
-            bad.withColumnRenamed(ERROR_COLUMN, "error"),
-            self.config.kafka,
-            self.config.dead_letter_topic,
-            self.config.sink_id,
-        )
-        if sent.failed:
-            self.metrics.dead_letters_failed.add(len(sent.failed), self.metrics.attrs())
 
 
 @dataclass
@@ -526,7 +506,8 @@ def write_arrow_tables(
         outcomes = arrow_job.run_tables(arrow_input(records), specs, first.config.write.parallelism)
         for name, outcome in outcomes.items():
             if isinstance(outcome, arrow_job.ArrowResult):
-                tables[name][0].send_dead_letters(outcome)
+                pipeline = tables[name][0]
+                send_found(pipeline.config, pipeline.metrics, outcome.dead)
         if logger.isEnabledFor(logging.DEBUG):
             seconds: dict[str, float] = {}
             for outcome in outcomes.values():

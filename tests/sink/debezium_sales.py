@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from readers import duckdb_rows, pyiceberg_rows, spark_rows, trino_rows
+from tests import avro
 from tests.cdc import CdcSource, differences, write_corpus
 from tests.sink.conftest import Sink, open_cdc
 
@@ -50,19 +51,22 @@ class ConnectorSettings:
     decimal_mode: str  # decimal.handling.mode
     corpus: str  # the file in tests/sink/corpus its records go to (ICESINK_WRITE_CORPUS=1)
     columns: list[dict[str, Any]] | None  # table.columns the sink needs, if any
+    avro: bool = False  # Avro in the Confluent wire format through the stack's schema registry
 
 
 CONNECTORS = {
     "schemas-precise": ConnectorSettings(True, "precise", "sales-precise", None),
     "schemaless-string": ConnectorSettings(False, "string", "sales-string-schemaless", SCHEMALESS_COLUMNS),
+    "avro-precise": ConnectorSettings(True, "precise", "", None, avro=True),
 }
 
 
-def _ops(records: list[tuple[bytes | None, bytes | None]]) -> Counter[str]:
-    """How many events of each op the records hold ("tombstone" for a record with a null value)."""
+def _ops(records: list[tuple[bytes | None, bytes | None]], registry: str | None) -> Counter[str]:
+    """How many events of each op the records hold ("tombstone" for a record with a null value);
+    ``registry``: the records are Avro, their schemas there."""
     ops: Counter[str] = Counter()
     for _, value in records:
-        event = None if value is None else json.loads(value)
+        event = None if value is None else avro.read(registry, value) if registry else json.loads(value)
         ops["tombstone" if event is None else event.get("payload", event)["op"]] += 1
     return ops
 
@@ -77,9 +81,10 @@ class Captured:
     current: list[dict[str, Any]]  # SELECT * of the source once the change set was captured
     appended: list[dict[str, Any]]  # every row image the source wrote, in order (snapshot, then changes)
     records: list[tuple[bytes | None, bytes | None]]  # what the connector published, by partition
+    registry: str  # the stack's schema registry (Confluent-compatible API)
 
 
-def _capture(cdc: CdcSource, name: str, settings: ConnectorSettings) -> Captured:
+def _capture(cdc: CdcSource, name: str, settings: ConnectorSettings, registry: str) -> Captured:
     """Create the sales table with SNAPSHOT_ROWS rows, register a connector, stream a change set;
     return once all of it is in Kafka."""
     suffix = f"{name.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
@@ -95,7 +100,11 @@ def _capture(cdc: CdcSource, name: str, settings: ConnectorSettings) -> Captured
     )
     appended = cdc.rows(table)
     connector = cdc.register(
-        f"dbz_{suffix}", [table], schemas=settings.schemas, decimal_mode=settings.decimal_mode
+        f"dbz_{suffix}",
+        [table],
+        schemas=settings.schemas,
+        decimal_mode=settings.decimal_mode,
+        avro_registry=registry if settings.avro else None,
     )
     connector.wait_snapshot_done()
     # Each statement in its own transaction: inserts, updates (id 3 twice), deletes, a row inserted and
@@ -116,18 +125,19 @@ def _capture(cdc: CdcSource, name: str, settings: ConnectorSettings) -> Captured
     topic = connector.topic(table)
     connector.wait_for_events(table, EXPECTED_OPS.total())
     records = cdc.records(topic)
-    assert _ops(records) == EXPECTED_OPS
+    assert _ops(records, registry if settings.avro else None) == EXPECTED_OPS
     current = cdc.rows(table)
     assert len(current) == SNAPSHOT_ROWS + 10 - 8
     schemas = "on" if settings.schemas else "off"
-    write_corpus(
-        settings.corpus,
-        f"sales, schemas {schemas}, decimal.handling.mode={settings.decimal_mode}",
-        ["id"],
-        records,
-        **({"columns": settings.columns} if settings.columns else {}),
-    )
-    return Captured(table, topic, settings, current, appended, records)
+    if settings.corpus:
+        write_corpus(
+            settings.corpus,
+            f"sales, schemas {schemas}, decimal.handling.mode={settings.decimal_mode}",
+            ["id"],
+            records,
+            **({"columns": settings.columns} if settings.columns else {}),
+        )
+    return Captured(table, topic, settings, current, appended, records, registry)
 
 
 @contextlib.contextmanager
@@ -139,7 +149,7 @@ def capturing(stack: Any) -> Iterator[Callable[[str], Captured]]:
 
         def capture(name: str) -> Captured:
             if name not in made:
-                made[name] = _capture(cdc, name, CONNECTORS[name])
+                made[name] = _capture(cdc, name, CONNECTORS[name], stack.schema_registry_url)
             return made[name]
 
         yield capture
@@ -154,6 +164,7 @@ def sales_sink(
     **kafka: Any,
 ) -> Sink:
     columns = captured.settings.columns
+    avro_source = {"format": "debezium-avro", "schema_registry": {"url": captured.registry}}
     return make_sink(
         mode=mode,
         kafka={"topics": [captured.topic], **kafka},
@@ -163,6 +174,7 @@ def sales_sink(
             "delete_format": delete_format,
             **({"columns": columns} if columns else {}),
         },
+        **({"source": avro_source} if captured.settings.avro else {}),
     )
 
 

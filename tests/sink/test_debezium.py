@@ -6,7 +6,8 @@ and compared value by value with ``SELECT *`` of the source (upsert mode) or wit
 source's statements returned (append mode).
 
 The table is captured once per connector configuration (tests/sink/debezium_sales.py: schemas on with
-``decimal.handling.mode=precise``, schemas off with ``string``) and each capture is landed in upsert and
+``decimal.handling.mode=precise``, schemas off with ``string``, Avro through the stack's schema
+registry with ``precise``) and each capture is landed in upsert and
 in append mode: every combination costs one sink run. tests/chaos/test_chaos_debezium.py SIGKILLs an
 upsert run mid-commit.
 """
@@ -36,6 +37,9 @@ def captures(stack: Any) -> Iterator[Callable[[str], Captured]]:
         ("schemaless-string", "upsert"),
         ("schemaless-string", "append"),
         ("schemas-precise", "upsert-position"),
+        ("avro-precise", "upsert"),
+        ("avro-precise", "append"),
+        ("avro-precise", "upsert-position"),
     ],
 )
 def test_debezium_sales_matches_the_source(
