@@ -248,6 +248,7 @@ class TablePipeline:
                     self.declined(str(exc))
                     return None
                 if str(exc) == EVOLVED:
+                    logger.info("table %s: %s", self.identifier, EVOLVED)
                     self.known.forget(self.identifier)
                     continue
                 raise AvroBatchRefused(

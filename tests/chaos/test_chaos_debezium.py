@@ -1,6 +1,7 @@
 """A sink landing a real Debezium connector's topic in upsert mode is SIGKILLed mid-commit.
 
-The capture is tests/sink/debezium_sales.py's (schemas on, ``decimal.handling.mode=precise``); the kill
+The capture is tests/sink/debezium_sales.py's (schemas on, ``decimal.handling.mode=precise``; in JSON,
+and in Avro through the stack's schema registry); the kill
 lands between the Iceberg commit of a batch and its txnlog commit (fail point ``after_catalog_commit``
 holding the batch there, then SIGKILL of the whole process group), and the restarted sink must end with
 the source's rows, value by value, no key twice.
@@ -23,7 +24,9 @@ from txnlog import Phase, TransactionLog
 pytestmark = pytest.mark.chaos
 
 
+@pytest.mark.parametrize("connector", ["schemas-precise", "avro-precise"])
 def test_debezium_sales_upsert_survives_sigkill_mid_commit(
+    connector: str,
     stack: Any,
     make_sink: Callable[..., Sink],
     spark: Any,
@@ -34,7 +37,7 @@ def test_debezium_sales_upsert_survives_sigkill_mid_commit(
     group is SIGKILLed before the txnlog commit. The restarted sink finds that snapshot, commits nothing
     twice, lands the rest: the table is the source's current rows, value by value, no key twice."""
     with capturing(stack) as capture:
-        captured = capture("schemas-precise")
+        captured = capture(connector)
         sink = sales_sink(make_sink, unique_name, captured, "upsert", max_offsets_per_trigger=20)
         killed = h.start(
             sink, "--until-caught-up", env={"ICESINK_FAILPOINTS": "after_catalog_commit=delay:300@2"}

@@ -1,0 +1,92 @@
+"""Avro in the Confluent wire format, produced from Python against the stack's schema registry: what
+Debezium's own connector does not easily produce (bad payloads, a schema change at a chosen point).
+
+The real connector's Avro is landed in tests/sink/test_debezium.py (``avro-precise``) and SIGKILLed
+mid-commit in tests/chaos/test_chaos_debezium.py; a registry outage is tests/chaos/test_chaos_avro.py.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from readers import duckdb_rows, spark_rows
+from tests.cdc import differences
+from tests.sink.avro_stream import AccountsStream
+from tests.sink.conftest import Sink
+from tests.sink.expect import topic_records
+
+
+def _assert_rows(spark: Any, identifier: str, expected: list[dict[str, Any]]) -> None:
+    problems = differences(expected, spark_rows(spark, identifier), "id", "spark")
+    problems += differences(expected, duckdb_rows(identifier), "id", "duckdb")
+    assert not problems, "\n".join(problems[:40])
+
+
+def test_bad_avro_records_are_dead_letters_with_their_reason(
+    make_sink: Callable[..., Sink], stack: Any, spark: Any
+) -> None:
+    """Among good records: a value without the magic byte, a schema id the registry does not know, a
+    payload cut short, one with a byte left over, and a balance too wide for numeric(10,2). Each is a
+    dead letter naming its fault; every good record lands."""
+    sink = make_sink(
+        source={"format": "debezium-avro", "schema_registry": {"url": stack.schema_registry_url}},
+        partitions=1,
+    )
+    stream = AccountsStream(stack.schema_registry_url, sink.topic)
+    good = [*stream.upsert(1, "ann", Decimal("10.50")), *stream.upsert(2, "bob", Decimal("-3.25"))]
+    valid = stream._event("c", None, {"id": 9, "name": "x", "balance": Decimal("1.00")})
+    unknown = b"\x00" + struct.pack(">I", 987_654) + valid[5:]
+    too_wide = {"id": 8, "name": "wide", "balance": Decimal("123456789.00")}  # 11 digits
+    bad = [
+        (stream.key_of(5), b'{"op":"c","after":{"id":5}}'),
+        (stream.key_of(6), unknown),
+        (stream.key_of(7), valid[:-3]),
+        (stream.key_of(9), valid + b"\x00"),
+        (stream.key_of(8), stream._event("c", None, too_wide)),
+    ]
+    later = [*stream.upsert(3, "cy", None), *stream.upsert(1, "ann", Decimal("11.00")), *stream.delete(2)]
+    sink.send([*good, *bad, *later])  # type: ignore[list-item]
+    run = sink.run_until_caught_up()
+    _assert_rows(spark, sink.table, stream.expected())
+
+    letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", len(bad))
+    by_offset = {}
+    for letter in letters:
+        headers = {k: v.decode() for k, v in letter.headers() or [] if v is not None}
+        by_offset[int(headers["icesink.source.offset"])] = headers["icesink.error"]
+    assert sorted(by_offset) == [2, 3, 4, 5, 6], by_offset
+    assert "not in the Confluent wire format" in by_offset[2], by_offset
+    assert "schema id 987654 is not in the registry" in by_offset[3], by_offset
+    assert "does not match schema id" in by_offset[4], by_offset
+    assert "1 bytes left after the record" in by_offset[5], by_offset
+    assert "column balance: a decimal out of range for decimal(10, 2)" in by_offset[6], by_offset
+    assert "avro decoder" in run.log(), run.log()[-3000:]
+
+
+def test_a_column_added_at_the_source_evolves_the_table(
+    make_sink: Callable[..., Sink], stack: Any, spark: Any
+) -> None:
+    """A new writer schema id mid-stream (the source table gained ``tier``): the table gains the column,
+    older rows read null in it, and each record is decoded with its own schema, in one batch or two."""
+    sink = make_sink(
+        source={"format": "debezium-avro", "schema_registry": {"url": stack.schema_registry_url}},
+        partitions=1,
+    )
+    stream = AccountsStream(stack.schema_registry_url, sink.topic)
+    sink.send([*stream.upsert(1, "ann", Decimal("1.00")), *stream.upsert(2, "bob", Decimal("2.00"))])  # type: ignore[list-item]
+    sink.run_until_caught_up()
+    _assert_rows(spark, sink.table, stream.expected())
+
+    stream.evolve()
+    records = [
+        *stream.upsert(3, "cy", Decimal("3.00"), tier=2),
+        *stream.upsert(1, "ann", Decimal("1.50"), tier=1),
+    ]
+    sink.send(records)  # type: ignore[arg-type]
+    run = sink.run_until_caught_up()
+    assert "evolved for the batch's new schema versions" in run.log(), run.log()[-3000:]
+    _assert_rows(spark, sink.table, stream.expected())
+    assert any(row["tier"] is None for row in stream.expected())
