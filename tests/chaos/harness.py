@@ -256,6 +256,28 @@ def server_down(name: str) -> Iterator[None]:
         dev_stack("start", name)
 
 
+def server_pid(name: str) -> int:
+    """The pid of a stack server (``dev/stack status``)."""
+    res = subprocess.run([str(DEV_STACK), "status"], capture_output=True, text=True, timeout=60)
+    for line in res.stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0] == name and "pid" in fields:
+            return int(fields[fields.index("pid") + 1])
+    raise RuntimeError(f"no pid for {name} in dev/stack status:\n{res.stdout}")
+
+
+@contextlib.contextmanager
+def server_frozen(name: str) -> Iterator[int]:
+    """The server's process group stopped (SIGSTOP) for the block: it holds its connections and state
+    and answers nothing, as a hung server does; SIGCONT whatever happens. Yields its pid."""
+    pid = server_pid(name)
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+
+
 # -- a producer in the background ---------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from tests.sink.conftest import Sink
 from tests.sink.expect import topic_records
 
 
-def _assert_rows(spark: Any, identifier: str, expected: list[dict[str, Any]]) -> None:
+def assert_avro_rows(spark: Any, identifier: str, expected: list[dict[str, Any]]) -> None:
     problems = differences(expected, spark_rows(spark, identifier), "id", "spark")
     problems += differences(expected, duckdb_rows(identifier), "id", "duckdb")
     assert not problems, "\n".join(problems[:40])
@@ -50,7 +50,7 @@ def test_bad_avro_records_are_dead_letters_with_their_reason(
     later = [*stream.upsert(3, "cy", None), *stream.upsert(1, "ann", Decimal("11.00")), *stream.delete(2)]
     sink.send([*good, *bad, *later])  # type: ignore[list-item]
     run = sink.run_until_caught_up()
-    _assert_rows(spark, sink.table, stream.expected())
+    assert_avro_rows(spark, sink.table, stream.expected())
 
     letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", len(bad))
     by_offset = {}
@@ -78,7 +78,7 @@ def test_a_column_added_at_the_source_evolves_the_table(
     stream = AccountsStream(stack.schema_registry_url, sink.topic)
     sink.send([*stream.upsert(1, "ann", Decimal("1.00")), *stream.upsert(2, "bob", Decimal("2.00"))])  # type: ignore[list-item]
     sink.run_until_caught_up()
-    _assert_rows(spark, sink.table, stream.expected())
+    assert_avro_rows(spark, sink.table, stream.expected())
 
     stream.evolve()
     records = [
@@ -88,5 +88,5 @@ def test_a_column_added_at_the_source_evolves_the_table(
     sink.send(records)  # type: ignore[arg-type]
     run = sink.run_until_caught_up()
     assert "evolved for the batch's new schema versions" in run.log(), run.log()[-3000:]
-    _assert_rows(spark, sink.table, stream.expected())
+    assert_avro_rows(spark, sink.table, stream.expected())
     assert any(row["tier"] is None for row in stream.expected())
