@@ -11,6 +11,7 @@ slots and publications, and the tables. docs/debezium.md shows the same connecto
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import urllib.error
@@ -419,9 +420,11 @@ def differences(
 
 
 def _same(expected: Any, actual: Any) -> bool:
-    """Equal and of the same Python type, element by element for lists."""
+    """Equal and of the same Python type, element by element for lists (a NaN is the same as a NaN)."""
     if isinstance(expected, list) and isinstance(actual, list):
         return len(expected) == len(actual) and all(map(_same, expected, actual))
+    if isinstance(expected, float) and isinstance(actual, float) and math.isnan(expected):
+        return math.isnan(actual)
     return bool(expected == actual) and type(expected) is type(actual)
 
 
