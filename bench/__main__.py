@@ -22,7 +22,15 @@ from typing import Any
 from bench import baselines, figures, partition_scan, readside, report, soak
 from bench.sink import Sink, sink_config, snapshots, unique
 from bench.stack import REPO, Stack, load_stack, machine, spark_session
-from bench.workload import SteadyProducer, Workload, ensure_topic, produce, produce_many, record_times
+from bench.workload import (
+    SteadyProducer,
+    Workload,
+    as_avro,
+    ensure_topic,
+    produce,
+    produce_many,
+    record_times,
+)
 
 ALL = (
     "icesink-upsert",
@@ -92,6 +100,15 @@ class Bench:
         took = produce(self.stack.kafka, self.topic, self.workload.events)
         self.value_bytes = self.workload.value_bytes / len(self.workload.events)
         log(f"produced to {self.topic} in {took:.1f}s (mean value {self.value_bytes:.0f} bytes)")
+        if self.args.avro:
+            self.avro_topic = unique("bench_avro")
+            avro = as_avro(self.workload.events, self.stack.schema_registry_url, self.avro_topic)
+            ensure_topic(self.stack.kafka, self.avro_topic, self.partitions)
+            took = produce(self.stack.kafka, self.avro_topic, avro)
+            self.avro_value_bytes = sum(len(e.value) for e in avro) / len(avro)
+            log(
+                f"produced the same events in Avro to {self.avro_topic} in {took:.1f}s (mean value {self.avro_value_bytes:.0f} bytes)"
+            )
         self.results["workload"] = {
             "events": len(self.workload.events),
             "keys": self.size.keys,
@@ -101,13 +118,19 @@ class Bench:
             "ops": {op: sum(1 for e in self.workload.events if e.op == op) for op in "cud"},
             "partitions": self.partitions,
         }
+        if self.args.avro:
+            self.results["workload"]["avro_mean_value_bytes"] = round(self.avro_value_bytes, 1)
 
     # -- icesink -----------------------------------------------------------------------------------
 
-    def icesink(self, mode: str, repo: Path = REPO, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def icesink(
+        self, mode: str, repo: Path = REPO, extra: dict[str, Any] | None = None, topic: str | None = None
+    ) -> dict[str, Any]:
         name = unique(f"bench_{mode}")
         table = f"{name}.t"
-        config = sink_config(self.stack, name, self.topic, table, mode, self.size.batch, 1, extra=extra)
+        config = sink_config(
+            self.stack, name, topic or self.topic, table, mode, self.size.batch, 1, extra=extra
+        )
         sink = Sink(self.stack, self.workdir, name, config, repo)
         log(f"icesink {mode} from {repo}: {name} (log {sink.run.log_path})")
         sink.start("--until-caught-up")
@@ -430,13 +453,23 @@ class Bench:
                 "spark-decoder": {"source": {"decoder": "spark"}},
                 "equality": {"table": {"delete_format": "equality"}},
             }
+            if self.args.avro:
+                settings["avro"] = {
+                    "source": {
+                        "format": "debezium-avro",
+                        "schema_registry": {"url": self.stack.schema_registry_url},
+                    },
+                    "table": {"columns": []},  # from the writer schema, as in production
+                }
             for label, extra in settings.items():
                 if not getattr(self.args, label.replace("-", "_")) or (
                     label == "position" and mode != "upsert"
                 ):
                     continue
                 key = f"{part}@{label}"
-                runs[key] = self.icesink(mode, extra=extra)
+                runs[key] = self.icesink(
+                    mode, extra=extra, topic=self.avro_topic if label == "avro" else None
+                )
                 runs[key]["load_1m"] = round(os.getloadavg()[0], 2)
                 log(f"{key}: {runs[key]['throughput'].get('events_per_s') or 0:,.0f} events/s")
         elif part == "icesink-many":
@@ -617,6 +650,12 @@ def main(argv: list[str] | None = None) -> int:
         "--spark-decoder",
         action="store_true",
         help="also run each icesink configuration with source.decoder=spark (every batch through Spark's decoder)",
+    )
+    p.add_argument(
+        "--avro",
+        action="store_true",
+        help="also run each icesink configuration on the same events in Avro (Confluent wire format, "
+        "schemas in the stack's registry), side by side with the JSON run",
     )
     p.add_argument(
         "--equality",

@@ -24,6 +24,7 @@ class Stack:
     secret_key: str
     region: str
     jars: tuple[str, ...]
+    schema_registry_url: str = ""  # the registry's Confluent-compatible API (--avro)
 
     def catalog_properties(self) -> dict[str, str]:
         return {
@@ -60,6 +61,7 @@ def load_stack() -> Stack:
         secret_key=env["AWS_SECRET_ACCESS_KEY"],
         region=env.get("AWS_REGION", "us-east-1"),
         jars=tuple(j for j in env["ICESINK_SPARK_JARS"].split(",") if j),
+        schema_registry_url=env.get("ICESINK_SCHEMA_REGISTRY_URL", ""),
     )
 
 

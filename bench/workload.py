@@ -258,3 +258,112 @@ def record_times(bootstrap: str, topic: str, timeout_s: float = 120) -> dict[int
         return out
     finally:
         consumer.close()
+
+
+# -- the same events in Avro ------------------------------------------------------------------------------
+
+# The workload's table as Debezium's Avro converter writes it (the Connect names carry the logical types).
+_AVRO_ROW: dict[str, Any] = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "bench.customers",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": ["null", "string"], "default": None},
+        {"name": "country", "type": ["null", "string"], "default": None},
+        {
+            "name": "amount",
+            "type": [
+                "null",
+                {
+                    "type": "bytes",
+                    "logicalType": "decimal",
+                    "precision": 10,
+                    "scale": 2,
+                    "connect.name": "org.apache.kafka.connect.data.Decimal",
+                    "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+                },
+            ],
+            "default": None,
+        },
+        {
+            "name": "birthday",
+            "type": ["null", {"type": "int", "connect.name": "io.debezium.time.Date"}],
+            "default": None,
+        },
+        {
+            "name": "updated_at",
+            "type": ["null", {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}],
+            "default": None,
+        },
+        {"name": "active", "type": ["null", "boolean"], "default": None},
+        {"name": "version", "type": ["null", "int"], "default": None},
+    ],
+}
+AVRO_KEY: dict[str, Any] = {
+    "type": "record",
+    "name": "Key",
+    "namespace": "bench.customers",
+    "fields": [{"name": "id", "type": "long"}],
+}
+AVRO_VALUE: dict[str, Any] = {
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "bench.customers",
+    "fields": [
+        {"name": "before", "type": ["null", _AVRO_ROW], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+
+
+def _register(registry_url: str, subject: str, schema: dict[str, Any]) -> int:
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{registry_url}/subjects/{subject}/versions",
+        data=json.dumps({"schema": json.dumps(schema)}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(json.loads(response.read())["id"])
+
+
+def as_avro(events: list[Event], registry_url: str, subject: str) -> list[Event]:
+    """The same events in Avro, Confluent wire format, their schemas registered under ``subject``."""
+    import io
+    import struct
+
+    from fastavro import parse_schema, schemaless_writer
+
+    key_id = _register(registry_url, f"{subject}-key", AVRO_KEY)
+    value_id = _register(registry_url, f"{subject}-value", AVRO_VALUE)
+    key_schema, value_schema = parse_schema(AVRO_KEY), parse_schema(AVRO_VALUE)
+
+    def encode(schema: Any, schema_id: int, record: dict[str, Any]) -> bytes:
+        out = io.BytesIO()
+        out.write(b"\x00" + struct.pack(">I", schema_id))
+        schemaless_writer(out, schema, record)
+        return out.getvalue()
+
+    def image(row: dict[str, Any] | None) -> dict[str, Any] | None:
+        if row is None or "amount" not in row:
+            return row if row is None else {"id": row["id"]}
+        return {**row, "amount": base64.b64decode(row["amount"])}
+
+    out = []
+    for e in events:
+        payload = json.loads(e.value)
+        record = {
+            "before": image(payload["before"]),
+            "after": image(payload["after"]),
+            "op": payload["op"],
+            "ts_ms": payload["ts_ms"],
+        }
+        out.append(
+            Event(encode(key_schema, key_id, json.loads(e.key)), encode(value_schema, value_id, record), e.op)
+        )
+    return out
