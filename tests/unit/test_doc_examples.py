@@ -3,7 +3,7 @@
 Every YAML example in docs/*.md and README.md parses; every one that is a sink's configuration (it
 has a ``sink_id``) or a Helm release's values (a ``config`` with one) is a valid configuration, with
 the sections an excerpt leaves out filled in; every Debezium connector registered in docs/debezium.md
-is the configuration ``tests.cdc.CdcSource.connector_config`` registers for its tables, and the sink
+and docs/avro.md is the configuration ``tests.cdc.CdcSource.connector_config`` registers for its tables, and the sink
 of a whole database reads each of its connector's topics and overrides only tables it writes.
 """
 
@@ -87,7 +87,7 @@ def test_yaml_examples_parse(where: str, text: str) -> None:
 def connectors() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for where, text in examples("bash"):
-        if "debezium.md" in where and "/connectors" in text:
+        if ("debezium.md" in where or "avro.md" in where) and "/connectors" in text:
             for match in HEREDOC.finditer(text):
                 found.append((where, json.loads(match.group("body"))))
     return found
@@ -100,7 +100,9 @@ def test_connector_examples_are_what_the_tests_register() -> None:
     try:
         for where, body in found:
             tables = body["config"]["table.include.list"].split(",")
-            assert body["config"] == source.connector_config(body["name"], tables), where
+            registry = body["config"].get("value.converter.apicurio.registry.url")
+            options = {"avro_registry": registry.replace("/registry/v2", "/ccompat/v7")} if registry else {}
+            assert body["config"] == source.connector_config(body["name"], tables, **options), where
     finally:
         source.engine.dispose()
 
