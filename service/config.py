@@ -144,11 +144,11 @@ class SchemaRegistryConfig(_Section):
 
 
 class SourceConfig(_Section):
-    format: Literal["debezium-json", "debezium-avro"] = Field(
+    format: Literal["debezium-json", "debezium-avro", "debezium-protobuf"] = Field(
         default="debezium-json",
         description="debezium-json: Kafka Connect's JSON converter, with or without schema sections; "
-        "debezium-avro: Avro in the Confluent wire format (magic byte 0, a 4-byte schema id), keys too, "
-        "with the writer schemas from source.schema_registry.",
+        "debezium-avro / debezium-protobuf: Avro or Protobuf in the Confluent wire format (magic byte 0, "
+        "a 4-byte schema id), keys too, with the writer schemas from source.schema_registry.",
     )
     schema_registry: SchemaRegistryConfig | None = None
     max_record_bytes: int = 8 * 1024 * 1024
@@ -195,19 +195,20 @@ class SourceConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _avro_needs_a_registry(self) -> SourceConfig:
-        if self.format == "debezium-avro":
+    def _framed_needs_a_registry(self) -> SourceConfig:
+        if self.framed:
             if self.schema_registry is None:
-                raise ValueError("format debezium-avro needs schema_registry: {url: ...}")
+                raise ValueError(f"format {self.format} needs schema_registry: {{url: ...}}")
             if self.decoder == "spark":
                 raise ValueError(
-                    "format debezium-avro is decoded in the Python tasks only: set decoder: auto"
+                    f"format {self.format} is decoded in the Python tasks only: set decoder: auto"
                 )
         return self
 
     @property
-    def avro(self) -> bool:
-        return self.format == "debezium-avro"
+    def framed(self) -> bool:
+        """Records in the Confluent wire format, their schemas in a registry (Avro, Protobuf)."""
+        return self.format != "debezium-json"
 
     @property
     def variable_scale_type(self) -> PrimitiveType:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile
 from pyspark.sql import DataFrame, SparkSession
 
-from service.data import avro_decode
+from service.data import registry_decode
 from service.data.arrow_decode import Declined, Decoded, LatestPerKey, decode
 from service.data.files import (
     DELETE_OP,
@@ -70,9 +70,10 @@ class ArrowTaskSpec:
     schema_sections: bool = False  # events carry schema sections; hand them back for checking
     max_task_bytes: int = MAX_TASK_BYTES
     hold: bool = False  # hand the rows back instead of writing files (the table's changes are held)
-    # source.format debezium-avro: the registry of the records' writer schemas (None: Debezium JSON),
-    # and the schema sections whose records are dead letters (why), an incompatible change refused
-    avro: Registry | None = None
+    # source.format debezium-avro/-protobuf: the registry of the records' writer schemas (None: Debezium
+    # JSON), and the schema sections whose records are dead letters (why), an incompatible change refused
+    registry: Registry | None = None
+    format: str = "debezium-json"
     rejected: dict[str, str] = field(default_factory=dict)
 
 
@@ -83,7 +84,7 @@ class ArrowResult:
     files: list[DataFile] = field(default_factory=list)
     located: pa.Table | None = None  # delete_format: position: where the keys' rows are
     rows: list[pa.Table] = field(default_factory=list)  # a held table's rows, partition by partition
-    dead: pa.Table | None = None  # Avro: the records the tasks found bad (avro_decode.DEAD_COLUMNS)
+    dead: pa.Table | None = None  # Avro: the records the tasks found bad (registry_decode.DEAD_COLUMNS)
     newest: datetime | None = None
     bytes: int = 0
     records: int = 0
@@ -256,7 +257,9 @@ class TaskTable:
         self.latest = LatestPerKey(spec.write.key) if spec.write.upsert else None
         self.appended: list[pa.Table] = []
         self.kept = 0
-        self.avro = avro_decode.Schemas(spec.avro) if spec.avro is not None else None
+        self.framed = (
+            registry_decode.Schemas(spec.registry, spec.format) if spec.registry is not None else None
+        )
         self.dead: list[pa.Table] = []
         self.empty = pa.table({})  # the decoded rows' columns, without rows
 
@@ -301,7 +304,7 @@ class TaskTable:
         """The rows' changes, with the JSON decoder (declining at the first record it can't vouch for)
         or the Avro one (its bad records kept as dead letters)."""
         too_big = pc.greater(pc.binary_length(live["value"]), self.spec.max_record_bytes)
-        if self.avro is None:
+        if self.framed is None:
             if pc.any(too_big).as_py():
                 raise Declined("a record over source.max_record_bytes")
             return decode(
@@ -313,13 +316,13 @@ class TaskTable:
                 self.spec.schema_sections,
             )
         limit = self.spec.max_record_bytes
-        result = avro_decode.decode(
+        result = registry_decode.decode(
             live["value"].to_pylist(),
             live["key"].to_pylist(),
             live,
             self.spec.columns,
             self.spec.write.key,
-            self.avro,
+            self.framed,
             too_big=pc.fill_null(too_big, False).to_pylist(),
             rejected=self.spec.rejected,
             reason_too_big=f"a record over source.max_record_bytes ({limit} bytes)",

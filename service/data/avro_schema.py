@@ -17,9 +17,13 @@ unscaled bytes), which is what the JSON converter writes too, so that one conver
 from __future__ import annotations
 
 import copy
+import io
 import json
 from typing import Any
 
+from fastavro import parse_schema, schemaless_reader
+
+from service.data.registry import BadRecord, UnknownSchema
 from service.model.columns import SchemaError
 
 # Avro primitives → Kafka Connect types (an int annotated connect.type int8/int16 keeps that).
@@ -131,11 +135,6 @@ def connect_schema(avro: Any) -> dict[str, Any]:
     return _Converter().schema(avro, None, "value")
 
 
-def connect_text(avro: Any) -> str:
-    """:func:`connect_schema` as normalised JSON text: what a JSON event's schema section is compared as."""
-    return json.dumps(connect_schema(avro), sort_keys=True, separators=(",", ":"))
-
-
 def decoding_schema(avro: Any) -> Any:
     """The writer schema without its logical types: the same binary encoding, decoded to primitives."""
     if isinstance(avro, list):
@@ -143,3 +142,36 @@ def decoding_schema(avro: Any) -> Any:
     if not isinstance(avro, dict):
         return avro
     return {k: decoding_schema(v) for k, v in avro.items() if k != "logicalType"}
+
+
+class AvroSchema:
+    """An Avro writer schema from the registry (:class:`service.data.registry.WriterSchema`)."""
+
+    def __init__(self, schema_id: int, text: str) -> None:
+        self.schema_id = schema_id
+        try:
+            avro = json.loads(text)
+        except ValueError:
+            raise UnknownSchema(f"schema id {schema_id}: the registry's Avro schema is not JSON") from None
+        self.connect = connect_schema(avro)
+        try:
+            self._parsed = parse_schema(decoding_schema(avro))
+        except Exception as exc:  # fastavro's own errors for what is not valid Avro
+            raise UnknownSchema(f"schema id {schema_id} is not a valid Avro schema: {exc}") from None
+
+    def read(self, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        stream = io.BytesIO(payload)
+        try:
+            value = schemaless_reader(stream, self._parsed, None)
+        except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
+            raise BadRecord(
+                f"the payload does not match schema id {self.schema_id}: {type(exc).__name__}: {exc}"
+            ) from None
+        if stream.tell() != len(payload):
+            raise BadRecord(
+                f"the payload does not match schema id {self.schema_id}: "
+                f"{len(payload) - stream.tell()} bytes left after the record"
+            )
+        if not isinstance(value, dict):
+            raise BadRecord(f"schema id {self.schema_id} is not a record schema")
+        return value, self.connect

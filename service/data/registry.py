@@ -1,8 +1,9 @@
 """The Confluent wire format and the schema registry its schema ids point into.
 
 A record in the Confluent wire format is the magic byte 0, a 4-byte big-endian schema id, then the
-payload (Avro binary, without any header). Confluent's registry, Apicurio's Confluent-compatible API
-(``/apis/ccompat/v7``) and Karapace answer ``GET /schemas/ids/{id}`` with ``{"schema": "<text>"}``.
+payload (Avro binary; for Protobuf, the message indexes first). Confluent's registry, Apicurio's
+Confluent-compatible API (``/apis/ccompat/v7``) and Karapace answer ``GET /schemas/ids/{id}`` with
+``{"schema": "<text>", "schemaType": "AVRO" | "PROTOBUF" | ...}``.
 
 A schema id never changes meaning, so each one is fetched once per process (the driver and every
 Python worker have their own cache). A registry that does not answer is retried
@@ -13,12 +14,11 @@ record's problem: a dead letter.
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 
@@ -59,6 +59,26 @@ def framed(schema_id: int, payload: bytes) -> bytes:
     return bytes([MAGIC]) + struct.pack(">I", schema_id) + payload
 
 
+class BadRecord(ValueError):
+    """A record's own fault (its payload does not match its schema): a dead letter with this reason."""
+
+
+@dataclass(frozen=True)
+class RegisteredSchema:
+    """A schema as the registry holds it: its type (``AVRO``, ``PROTOBUF``, ...) and its text."""
+
+    kind: str
+    text: str
+
+
+class WriterSchema(Protocol):
+    """A writer schema ready to read payloads: each one read into the JSON converter's values (but
+    bytes, which stay bytes) and the Kafka Connect schema it stands for (the JSON converter's
+    ``schema`` section); raises :class:`BadRecord`."""
+
+    def read(self, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+
 class _Retryable(Exception):
     """A registry answer worth another attempt (no answer, a timeout, a 5xx, a 429)."""
 
@@ -69,32 +89,23 @@ class Registry:
 
     config: SchemaRegistryConfig
 
-    def schema(self, schema_id: int) -> dict[str, Any]:
-        """The parsed writer schema of ``schema_id``; raises :class:`UnknownSchema` (a 404) or
+    def schema(self, schema_id: int) -> RegisteredSchema:
+        """The writer schema of ``schema_id``; raises :class:`UnknownSchema` (a 404) or
         :class:`RegistryUnavailable` (every attempt failed)."""
         key = (self.config.url, schema_id)
         with _LOCK:
             cached = _CACHE.get(key)
-        if cached is not None:
-            return cached
-        text = self._fetch(schema_id)
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            raise UnknownSchema(f"schema id {schema_id}: the registry's schema is not JSON") from None
-        if isinstance(parsed, str):  # a primitive schema ("string") is a JSON string
-            parsed = {"type": parsed}
-        if not isinstance(parsed, dict):
-            raise UnknownSchema(f"schema id {schema_id}: not an Avro record schema: {text[:200]}")
-        with _LOCK:
-            _CACHE[key] = parsed
-        return parsed
+        if cached is None:
+            cached = self._fetch(schema_id)
+            with _LOCK:
+                _CACHE[key] = cached
+        return cached
 
-    def _fetch(self, schema_id: int) -> str:
+    def _fetch(self, schema_id: int) -> RegisteredSchema:
         cfg = self.config
         url = f"{cfg.url.rstrip('/')}/schemas/ids/{schema_id}"
 
-        def attempt() -> str:
+        def attempt() -> RegisteredSchema:
             try:
                 response = requests.get(
                     url,
@@ -112,10 +123,7 @@ class Registry:
             if response.status_code != 200:
                 raise RegistryUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
             body = response.json()
-            schema_type = body.get("schemaType", "AVRO")
-            if schema_type != "AVRO":
-                raise UnknownSchema(f"schema id {schema_id} is a {schema_type} schema, not Avro")
-            return str(body["schema"])
+            return RegisteredSchema(str(body.get("schemaType") or "AVRO"), str(body["schema"]))
 
         try:
             return retry_call(
@@ -145,4 +153,4 @@ class Registry:
 
 
 _LOCK = threading.Lock()
-_CACHE: dict[tuple[str, int], dict[str, Any]] = {}
+_CACHE: dict[tuple[str, int], RegisteredSchema] = {}

@@ -195,7 +195,7 @@ class Peek:
 
 
 # How a record's key or value reads as the JSON converter's ``{"schema", "payload"}`` (or a bare
-# payload): json.loads for Debezium JSON; for Avro, service.data.avro_decode.Schemas.as_json_event.
+# payload): json.loads for Debezium JSON; for Avro, service.data.registry_decode.Schemas.as_json_event.
 # Raises ValueError for what is not such a record.
 Parse = Callable[[bytes], Any]
 

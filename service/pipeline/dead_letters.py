@@ -21,7 +21,7 @@ def send_decoded(config: SinkConfig, metrics: SinkMetrics, bad: DataFrame) -> No
 
 
 def send_found(config: SinkConfig, metrics: SinkMetrics, dead: pa.Table | None) -> None:
-    """The records an Avro batch's tasks found bad (handed back to the driver: they are few). Sent last
+    """The records an Avro or Protobuf batch's tasks found bad (handed back to the driver: they are few). Sent last
     in the batch's retried attempt, so that a retry (its files could not be written) does not send them
     twice."""
     if dead is None or not dead.num_rows:

@@ -25,7 +25,7 @@ from service.model.columns import (
 )
 
 logger = logging.getLogger(__name__)
-# The reason the Avro path gives after evolving a table for a batch: write the batch again.
+# The reason the Avro/Protobuf path gives after evolving a table for a batch: write the batch again.
 EVOLVED = "the table evolved for the batch's new schema versions; writing the batch again"
 
 
@@ -46,7 +46,7 @@ class SchemaTracker:
         tasks_dead_letter: bool = False,
     ) -> None:
         self.settings = settings
-        # Avro: the tasks dead-letter the records of refused schemas themselves (spec.rejected)
+        # Avro/Protobuf: the tasks dead-letter the records of refused schemas themselves (spec.rejected)
         self.tasks_dead_letter = tasks_dead_letter
         self.variable_scale = variable_scale
         self.track = not settings.columns
@@ -115,11 +115,11 @@ class SchemaTracker:
         return self._evolve(newest_first, catalog)
 
     def adopt(self, table: Table, texts: set[str], catalog: Catalog) -> str | None:
-        """The Avro path's check of a batch's schema sections (``check_schemas``): a section the table
+        """The Avro and Protobuf path's check of a batch's schema sections (``check_schemas``): a section the table
         takes as it is passes; otherwise the table is evolved for the new sections now (or they are
         refused: their records become dead letters) and the reason to write the batch again is given.
 
-        Avro records carry no Kafka timestamp order here; the sections' order is that of their text,
+        Their records carry no Kafka timestamp order here; the sections' order is that of their text,
         so where two new versions encode a column differently the current encoding may be the older
         one's until the next new version (each record is decoded with its own version's anyway)."""
         new = texts - self.arrow_checked - set(self.rejected)

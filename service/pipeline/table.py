@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from service.config import Mode, SinkConfig, TableConfig
-from service.data import arrow_job, avro_decode
+from service.data import arrow_job, registry_decode
 from service.data.arrow_decode import Declined
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import (
@@ -76,9 +76,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class AvroBatchRefused(RuntimeError):
-    """An Avro batch the Arrow path can't write (a key in two Kafka partitions, a task over
-    source.max_task_bytes): Debezium JSON would take Spark's path, Avro has none."""
+class FramedBatchRefused(RuntimeError):
+    """An Avro or Protobuf batch the Arrow path can't write (a key in two Kafka partitions, a task over
+    source.max_task_bytes): Debezium JSON would take Spark's path, these formats have none."""
 
 
 class StopRequested(RuntimeError):
@@ -115,9 +115,9 @@ def check_new_table(
 
 
 def registry(config: SinkConfig) -> Registry | None:
-    """The schema registry of an Avro source; None for Debezium JSON."""
+    """The schema registry of an Avro or Protobuf source; None for Debezium JSON."""
     source = config.source
-    return Registry(source.schema_registry) if source.avro and source.schema_registry is not None else None
+    return Registry(source.schema_registry) if source.framed and source.schema_registry is not None else None
 
 
 def resolve_key(
@@ -160,8 +160,12 @@ def resolve_table(
     if settings.columns:
         declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in settings.columns]
     if not settings.columns or (settings.mode is Mode.UPSERT and not settings.key):
-        avro = registry(config)
-        parse = avro_decode.Schemas(avro).as_json_event if avro is not None else json.loads
+        framed = registry(config)
+        parse = (
+            registry_decode.Schemas(framed, config.source.format).as_json_event
+            if framed is not None
+            else json.loads
+        )
         peeked = peek(config.kafka, topics, parse=parse)
     if not settings.columns and peeked.schema is not None:
         declared = columns_from_envelope_schema(
@@ -219,7 +223,7 @@ class TablePipeline:
             table,
             encodings,
             config.source.variable_scale_type,
-            tasks_dead_letter=config.source.avro,
+            tasks_dead_letter=config.source.framed,
         )
         return cls(config, settings, catalog, metrics, schemas, known)
 
@@ -237,23 +241,23 @@ class TablePipeline:
     def write_arrow(self, records: KafkaRecords, offsets: Offsets) -> TableWrite | None:
         """The batch through the one-job Arrow path; None if the Arrow decoder declined it (JSON).
 
-        Avro has no other path: a batch with new schema versions evolves the table and is written
+        Avro and Protobuf have no other path: a batch with new schema versions evolves the table and is written
         again (once per evolution); any other decline is an error that names its cause."""
         started = time.monotonic()
         while True:
             try:
                 batch = self._retrying(lambda: self._arrow_run(records))
             except Declined as exc:
-                if not self.config.source.avro:
+                if not self.config.source.framed:
                     self.declined(str(exc))
                     return None
                 if str(exc) == EVOLVED:
                     logger.info("table %s: %s", self.identifier, EVOLVED)
                     self.known.forget(self.identifier)
                     continue
-                raise AvroBatchRefused(
-                    f"table {self.identifier}: the batch can't be written: {exc}; Avro batches have no "
-                    "second decoder to take them"
+                raise FramedBatchRefused(
+                    f"table {self.identifier}: the batch can't be written: {exc}; batches of {self.config.source.format} "
+                    "have no second decoder to take them"
                 ) from None
             return self.arrow_written(batch, offsets, started)
 
@@ -282,7 +286,9 @@ class TablePipeline:
             records=batch.records + (0 if batch.dead is None else batch.dead.num_rows),
             by_op=batch.by_op,
             newest=batch.newest,
-            decoder="avro" if self.config.source.avro else "arrow",
+            decoder=self.config.source.format.removeprefix("debezium-")
+            if self.config.source.framed
+            else "arrow",
             located=batch.located,
             dead_letters=0 if batch.dead is None else batch.dead.num_rows,
         )
@@ -290,8 +296,8 @@ class TablePipeline:
     def write_spark(self, records: DataFrame, offsets: Offsets, newest: datetime | None = None) -> TableWrite:
         """The batch through Spark's decoder: the table evolved first if the events' schema changed
         (so the table is loaded again, here and for the commit)."""
-        if self.config.source.avro:
-            raise AvroBatchRefused(f"table {self.identifier}: Spark's decoder reads Debezium JSON only")
+        if self.config.source.framed:
+            raise FramedBatchRefused(f"table {self.identifier}: Spark's decoder reads Debezium JSON only")
         started = time.monotonic()
         self.known.forget(self.identifier)
         return self._retrying(
@@ -374,11 +380,12 @@ class TablePipeline:
             max_task_bytes=self.config.source.max_task_bytes,
             schema_sections=self.schemas.track,
             hold=hold,
-            avro=registry(self.config),
+            registry=registry(self.config),
+            format=self.config.source.format,
             rejected=dict(self.schemas.rejected),
         )
         check_schemas: Callable[[set[str]], str | None] | None = None
-        if self.schemas.track and self.config.source.avro:  # new versions evolve the table, then again
+        if self.schemas.track and self.config.source.framed:  # new versions evolve the table, then again
             check_schemas = partial(self.schemas.adopt, table, catalog=self.catalog)
         elif self.schemas.track:  # new versions decline the batch to Spark's path, which evolves
             check_schemas = partial(self.schemas.arrow_reason, table)

@@ -73,7 +73,7 @@ class BatchWriter:
 
     def write(self, batch: Batch, arrow: bool) -> None:
         """Write ``batch`` into its tables and commit it (nothing is committed if nothing moved)."""
-        arrow = arrow or self.config.source.avro  # buffered batches too: Avro has only the Arrow path
+        arrow = arrow or self.config.source.framed  # buffered batches too: Avro, Protobuf have only this path
         offsets = self.positions.covering(batch.end)
         writes: list[TableWrite] = []
         isolated: list[str] = []
@@ -129,7 +129,7 @@ class BatchWriter:
         """One table's write of the batch: the Arrow path (a one-table sink), else Spark's."""
         pipeline = self.routes.pipelines[identifier]
         mine = self._offsets_of(identifier, offsets) if self.routes.many else offsets
-        one_job_each = not self.routes.many or self.config.source.avro  # Avro: no Spark path to fall to
+        one_job_each = not self.routes.many or self.config.source.framed  # Avro, Protobuf: no Spark path
         if arrow and one_job_each and pipeline.arrow_ready():
             write = pipeline.write_arrow(self._of(records.batch, topics), mine)
             if write is not None:

@@ -3,18 +3,23 @@ format, and the bad records it dead-letters (tests/sink/test_avro.py runs it aga
 
 from __future__ import annotations
 
+import base64
 import io
+import json
 import struct
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from fastavro import parse_schema, schemaless_writer
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from service.data import avro_decode
+from service.data import registry_decode
 from service.data.avro_schema import connect_schema, decoding_schema
-from service.data.registry import NotFramed, UnknownSchema, frame, framed
+from service.data.protobuf_schema import ProtobufSchema, message_indexes
+from service.data.registry import BadRecord, NotFramed, RegisteredSchema, UnknownSchema, frame, framed
 from service.model.columns import Encoding, SchemaError, columns_from_envelope_schema
 from tests.sink.avro_stream import BALANCE, envelope, key_schema, unscaled
 
@@ -22,15 +27,18 @@ from tests.sink.avro_stream import BALANCE, envelope, key_schema, unscaled
 class FakeRegistry:
     """Schemas by id, as a registry would answer (an unknown id: UnknownSchema)."""
 
-    def __init__(self, schemas: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, schemas: dict[int, Any]) -> None:
         self.schemas = schemas
         self.asked: list[int] = []
 
-    def schema(self, schema_id: int) -> dict[str, Any]:
+    def schema(self, schema_id: int) -> RegisteredSchema:
         self.asked.append(schema_id)
         if schema_id not in self.schemas:
             raise UnknownSchema(f"schema id {schema_id} is not in the registry")
-        return self.schemas[schema_id]
+        schema = self.schemas[schema_id]
+        if isinstance(schema, str):  # a serialized Protobuf descriptor
+            return RegisteredSchema("PROTOBUF", schema)
+        return RegisteredSchema("AVRO", json.dumps(schema))
 
 
 def _write(schema: dict[str, Any], value: dict[str, Any], schema_id: int) -> bytes:
@@ -118,12 +126,12 @@ def test_frame_refuses_records_without_the_magic_byte() -> None:
 
 def _decode(
     values: list[bytes | None], keys: list[bytes | None], registry: FakeRegistry
-) -> avro_decode.AvroDecoded:
+) -> registry_decode.AvroDecoded:
     columns = columns_from_envelope_schema(connect_schema(registry.schemas[2]))
     kafka = pa.table(
         {"topic": ["t"] * len(values), "partition": [0] * len(values), "offset": list(range(len(values)))}
     )
-    return avro_decode.decode(values, keys, kafka, columns, ["id"], avro_decode.Schemas(registry))  # type: ignore[arg-type]
+    return registry_decode.decode(values, keys, kafka, columns, ["id"], registry_decode.Schemas(registry))  # type: ignore[arg-type]
 
 
 def test_each_bad_record_is_found_and_the_rest_decoded_in_order() -> None:
@@ -167,3 +175,105 @@ def test_a_batch_of_only_bad_records_decodes_to_no_rows_in_the_columns_types() -
     assert result.dead.column("error").to_pylist() == [
         "not in the Confluent wire format: 7 bytes starting with 0x67 (expected the magic byte 0x00 and a 4-byte schema id)"
     ]
+
+
+# -- Protobuf ------------------------------------------------------------------------------------------
+
+
+def _proto_schema(*dependencies: str) -> descriptor_pb2.FileDescriptorProto:
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="t.proto", package="t", syntax="proto3")
+    proto.dependency.extend(dependencies)
+    row = proto.message_type.add(name="Row")
+    row.field.add(name="id", number=1, type=f.TYPE_INT64)
+    row.field.add(name="note", number=2, type=f.TYPE_STRING, proto3_optional=True, oneof_index=0)
+    row.oneof_decl.add(name="_note")
+    row.field.add(name="at", number=3, type=f.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp")
+    row.field.add(name="amount", number=4, type=f.TYPE_MESSAGE, type_name=".confluent.type.Decimal")
+    row.field.add(name="tags", number=5, type=f.TYPE_INT32, label=f.LABEL_REPEATED)
+    row.field.add(name="flag", number=6, type=f.TYPE_MESSAGE, type_name=".google.protobuf.BoolValue")
+    mood = row.enum_type.add(name="Mood")
+    mood.value.add(name="SAD", number=0)
+    mood.value.add(name="OK", number=1)
+    row.field.add(name="mood", number=7, type=f.TYPE_ENUM, type_name=".t.Row.Mood")
+    envelope = proto.message_type.add(name="Envelope")
+    envelope.field.add(name="before", number=1, type=f.TYPE_MESSAGE, type_name=".t.Row")
+    envelope.field.add(name="after", number=2, type=f.TYPE_MESSAGE, type_name=".t.Row")
+    envelope.field.add(name="op", number=3, type=f.TYPE_STRING)
+    return proto
+
+
+DEPENDENCIES = (
+    "google/protobuf/timestamp.proto",
+    "confluent/type/decimal.proto",
+    "google/protobuf/wrappers.proto",
+)
+
+
+def _proto_text(proto: descriptor_pb2.FileDescriptorProto) -> str:
+    return base64.b64encode(proto.SerializeToString()).decode()
+
+
+def test_protobuf_messages_map_to_columns_by_their_meaning() -> None:
+    schema = ProtobufSchema(9, _proto_text(_proto_schema(*DEPENDENCIES)))
+    payload = b"\x02\x02"  # message indexes [1]: Envelope, then an empty message
+    _, connect = schema.read(payload)
+    columns = columns_from_envelope_schema(connect)
+    assert [(c.name, str(c.type), c.required, c.encoding) for c in columns] == [
+        ("id", "long", True, Encoding.INTEGER),
+        ("note", "string", False, Encoding.STRING),
+        ("at", "timestamptz", False, Encoding.TIMESTAMP_ISO),
+        ("amount", "string", False, Encoding.VARIABLE_SCALE_DECIMAL),
+        ("tags", "list<int>", False, Encoding.INTEGER),
+        ("flag", "boolean", False, Encoding.BOOLEAN),
+        ("mood", "string", True, Encoding.STRING),
+    ]
+
+
+def test_protobuf_message_indexes_and_values() -> None:
+    assert message_indexes(b"\x00rest") == ([0], 1)
+    assert message_indexes(b"\x04\x02\x06") == ([1, 3], 3)
+    with pytest.raises(BadRecord, match="cut short"):
+        message_indexes(b"\x04\x82")
+    proto = _proto_schema(*DEPENDENCIES)
+    pool = descriptor_pool.DescriptorPool()
+    for text in _well_known_files():
+        pool.AddSerializedFile(text)
+    pool.Add(proto)
+    envelope = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Envelope"))(op="c")
+    envelope.after.id, envelope.after.mood = 7, 1
+    envelope.after.at.FromDatetime(datetime(2026, 3, 1, 8, 0, 0, 1, tzinfo=UTC))
+    envelope.after.amount.value, envelope.after.amount.scale = b"\x04\xd2", 2
+    envelope.after.tags.extend([1, 2])
+    envelope.after.flag.value = True
+    value, _ = ProtobufSchema(9, _proto_text(proto)).read(b"\x02\x02" + envelope.SerializeToString())
+    assert value["after"] == {
+        "id": 7,
+        "note": None,
+        "at": "2026-03-01T08:00:00.000001Z",
+        "amount": {"scale": 2, "value": b"\x04\xd2"},
+        "tags": [1, 2],
+        "flag": True,
+        "mood": "OK",
+    }
+    assert value["before"] is None and value["op"] == "c"
+
+
+def _well_known_files() -> list[bytes]:
+    from google.protobuf import timestamp_pb2, wrappers_pb2
+
+    from service.data.protobuf_schema import _decimal_file
+
+    return [timestamp_pb2.DESCRIPTOR.serialized_pb, wrappers_pb2.DESCRIPTOR.serialized_pb, _decimal_file()]
+
+
+def test_protobuf_schemas_the_decoder_cannot_read_are_named() -> None:
+    with pytest.raises(UnknownSchema, match=r"\.proto text, which is not read"):
+        ProtobufSchema(3, 'syntax = "proto3"; message M { int64 id = 1; }')
+    with pytest.raises(UnknownSchema, match=r"imports other/thing\.proto: schema references are not read"):
+        ProtobufSchema(4, _proto_text(_proto_schema("other/thing.proto")))
+    schema = ProtobufSchema(5, _proto_text(_proto_schema(*DEPENDENCIES)))
+    with pytest.raises(BadRecord, match="has no message at indexes"):
+        schema.read(b"\x02\x0a")
+    with pytest.raises(BadRecord, match="does not match schema id 5"):
+        schema.read(b"\x02\x02\x0a\xff\xff")

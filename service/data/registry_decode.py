@@ -1,11 +1,13 @@
-"""Debezium Avro (the Confluent wire format) → the same typed Arrow changes as the JSON decoders.
+"""Debezium Avro and Protobuf (the Confluent wire format) → the same typed Arrow changes as the JSON
+decoders.
 
 Each record is read with its own writer schema, fetched by the schema id it carries
-(:mod:`service.data.registry`), stripped of logical types (:func:`service.data.avro_schema.decoding_schema`)
-so that its values are the JSON converter's: the rows are then laid out as the JSON envelopes would
-parse, bytes as base64, and go through the JSON path's own checks and conversions
-(:func:`service.data.arrow_decode.decode_envelopes`). A column can't decode one way from JSON and
-another from Avro.
+(:mod:`service.data.registry`; :mod:`service.data.avro_schema`, :mod:`service.data.protobuf_schema`),
+into the values Kafka Connect's JSON converter would write for it (a date as days, a timestamp as an
+integer or ISO text; bytes are turned into base64 here, for the columns that need it). The rows are
+then laid out as the JSON envelopes would parse and go through the JSON path's own checks and
+conversions (:func:`service.data.arrow_decode.decode_envelopes`): a column can't decode one way from
+JSON and another from Avro or Protobuf.
 
 There is no second decoder to hand a bad record to (Spark's reads JSON only), so this one finds the bad
 records itself and returns them as dead letters with the reason: a record without the magic byte, a
@@ -17,15 +19,14 @@ none when all are good.
 
 from __future__ import annotations
 
-import base64
-import io
+import json
+from binascii import b2a_base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastavro import parse_schema, schemaless_reader
 
 from service.data.arrow_decode import (
     Declined,
@@ -36,84 +37,98 @@ from service.data.arrow_decode import (
     section_columns,
     unsupported,
 )
-from service.data.avro_schema import connect_schema, connect_text, decoding_schema
+from service.data.avro_schema import AvroSchema
 from service.data.envelope import KAFKA_POSITION, TRUNCATE_OP, TRUNCATE_REASON
-from service.data.registry import NotFramed, Registry, UnknownSchema, frame
-from service.model.columns import Column, SchemaError
+from service.data.protobuf_schema import ProtobufSchema
+from service.data.registry import BadRecord, NotFramed, Registry, UnknownSchema, WriterSchema, frame
+from service.model.columns import Column, Encoding, SchemaError
 
 DEAD_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
 
 
-@dataclass
-class _Schema:
-    """One schema id, as the decoder uses it."""
-
-    parsed: Any  # fastavro's parse of the decoding schema
-    text: str  # the Connect schema it was made from (normalised JSON): the table's evolution follows it
+# The registry's schema type each source format reads.
+KINDS = {"debezium-avro": "AVRO", "debezium-protobuf": "PROTOBUF"}
 
 
 @dataclass
 class Schemas:
-    """The writer schemas of a task's records, by id (parsed once per task)."""
+    """The writer schemas of a task's records, by id (each read once per task)."""
 
     registry: Registry
-    by_id: dict[int, _Schema] = field(default_factory=dict)
+    format: str = "debezium-avro"  # source.format
+    by_id: dict[int, WriterSchema] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)  # id() of a Connect schema → its text
 
-    def get(self, schema_id: int) -> _Schema:
+    def get(self, schema_id: int) -> WriterSchema:
         known = self.by_id.get(schema_id)
         if known is None:
-            avro = self.registry.schema(schema_id)
+            registered = self.registry.schema(schema_id)
+            if registered.kind != KINDS[self.format]:
+                raise UnknownSchema(
+                    f"schema id {schema_id} is {registered.kind}, and source.format is {self.format}"
+                )
             try:
-                known = _Schema(parse_schema(decoding_schema(avro)), connect_text(avro))
-            except Exception as exc:  # the registry's schema is not one fastavro parses
-                raise UnknownSchema(f"schema id {schema_id} can't be read: {exc}") from None
+                if registered.kind == "AVRO":
+                    known = AvroSchema(schema_id, registered.text)
+                else:
+                    known = ProtobufSchema(schema_id, registered.text)
+            except SchemaError as exc:
+                raise UnknownSchema(f"schema id {schema_id} can't be mapped to columns: {exc}") from None
             self.by_id[schema_id] = known
         return known
 
-    def read(self, data: bytes) -> tuple[dict[str, Any], str]:
-        """One framed record → its value (primitives only) and its schema's Connect text."""
+    def read_connect(self, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One framed record → its value and the Kafka Connect schema of its writer schema."""
         schema_id, payload = frame(data)
-        schema = self.get(schema_id)
-        stream = io.BytesIO(payload)
-        try:
-            value = schemaless_reader(stream, schema.parsed, None)
-        except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
-            raise _Bad(
-                f"the payload does not match schema id {schema_id}: {type(exc).__name__}: {exc}"
-            ) from None
-        if stream.tell() != len(payload):
-            raise _Bad(
-                f"the payload does not match schema id {schema_id}: "
-                f"{len(payload) - stream.tell()} bytes left after the record"
-            )
-        if not isinstance(value, dict):
-            raise _Bad(f"schema id {schema_id} is not a record schema")
-        return value, schema.text
+        return self.get(schema_id).read(payload)
+
+    def read(self, data: bytes) -> tuple[dict[str, Any], str]:
+        """One framed record → its value (bytes as bytes) and its schema's Connect text (normalised
+        JSON, what the table's evolution follows, as a JSON event's schema section)."""
+        value, connect = self.read_connect(data)
+        text = self.texts.get(id(connect))
+        if text is None:
+            text = self.texts[id(connect)] = json.dumps(connect, sort_keys=True, separators=(",", ":"))
+        return value, text
 
     def as_json_event(self, data: bytes) -> dict[str, Any]:
         """A framed record as Kafka Connect's JSON converter writes it, ``{"schema", "payload"}`` (what
         :func:`service.kafka.lookups.peek` reads); ValueError for anything that is not such a record."""
         try:
-            schema_id, _ = frame(data)
-            value, _ = self.read(data)
-            return {"schema": connect_schema(self.registry.schema(schema_id)), "payload": value}
-        except (UnknownSchema, SchemaError) as exc:
+            value, connect = self.read_connect(data)
+        except UnknownSchema as exc:
             raise ValueError(str(exc)) from None
+        return {"schema": connect, "payload": value}
 
 
-class _Bad(ValueError):
-    """A record's own fault: it becomes a dead letter with this reason."""
+# Encodings whose value is bytes here where the JSON converter writes base64 text.
+_BASE64 = frozenset({Encoding.BYTES_BASE64, Encoding.DECIMAL_BASE64, Encoding.VARIABLE_SCALE_DECIMAL})
 
 
-def _wire(value: Any) -> Any:
-    """A decoded Avro value as the JSON converter writes it: bytes (and fixed) as base64."""
+def _base64(value: Any) -> Any:
+    """A bytes value (or a VariableScaleDecimal's, or a list's elements) as base64 text."""
     if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, dict):
-        return {k: _wire(v) for k, v in value.items()}
+        return b2a_base64(value, newline=False).decode("ascii")
+    if isinstance(value, dict):  # io.debezium.data.VariableScaleDecimal {scale, value}
+        return {**value, "value": _base64(value.get("value"))}
     if isinstance(value, list):
-        return [_wire(v) for v in value]
+        return [None if v is None else _base64(v) for v in value]
     return value
+
+
+def _as_json_values(rows: list[dict[str, Any]], indices: list[int], columns: list[Column]) -> None:
+    """The rows' bytes values, in place, as the JSON converter writes them (only the columns that
+    need it: a walk of every value cost more than decoding the records)."""
+    names = [c.name for c in columns if c.encoding in _BASE64]
+    if not names:
+        return
+    for i in indices:
+        row = rows[i]
+        for image in (row.get("before"), row.get("after"), row if "op" not in row else None):
+            if image:
+                for name in names:
+                    if image.get(name) is not None:
+                        image[name] = _base64(image[name])
 
 
 @dataclass
@@ -156,8 +171,12 @@ def decode(
             continue
         try:
             event, section = schemas.read(value) if value is not None else ({"op": "d"}, None)
-            key_row = schemas.read(key_bytes)[0] if key_bytes is not None else {}
-        except (_Bad, NotFramed, UnknownSchema) as exc:
+            # The key columns are in a change's row image; a tombstone (and a delete, whose before
+            # image may lack them) takes them from the record's key.
+            key_row = {}
+            if key_bytes is not None and event.get("op") in (None, "d"):
+                key_row = schemas.read(key_bytes)[0]
+        except (BadRecord, NotFramed, UnknownSchema) as exc:
             dead[i] = str(exc)
             event, section, key_row = {}, None, {}
         if event.get("op") == TRUNCATE_OP:
@@ -177,6 +196,8 @@ def decode(
         version = columns if section is None else section_columns(columns, section)
         if reason := unsupported(version):
             raise Declined(reason)
+        _as_json_values(events, indices, version)
+        _as_json_values(key_rows, indices, version)
         parts.extend(_isolating(events, key_rows, positions, version, key, indices, dead))
     if not parts:  # every record dead: no changes, in the columns' types
         parts.append((_decode_part(events, key_rows, positions, columns, key, []), []))
@@ -225,10 +246,10 @@ def _decode_part(
     indices: list[int],
 ) -> Decoded:
     body = pa.struct(list(envelope_schema(columns))[1:])  # without "payload"
-    envelope = pa.Table.from_struct_array(pa.array([_wire(events[i]) for i in indices], body))
+    envelope = pa.Table.from_struct_array(pa.array([events[i] for i in indices], body))
     by_name = {c.name: c for c in columns}
     key_type = row_type([by_name[k] for k in key])
-    key_table = pa.Table.from_struct_array(pa.array([_wire(key_rows[i]) for i in indices], key_type))
+    key_table = pa.Table.from_struct_array(pa.array([key_rows[i] for i in indices], key_type))
     return decode_envelopes(envelope, key_table, positions.take(pa.array(indices, pa.int64())), columns, key)
 
 
