@@ -16,6 +16,7 @@ from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -139,7 +140,10 @@ class SchemaRegistryConfig(_Section):
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together")
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url {self.url!r} is not an http(s) URL")
+            raise ValueError("url is not an http(s) URL")
+        if urlsplit(self.url).username is not None:
+            # it would show in logs and dead letters' reasons, which quote the URL
+            raise ValueError("url carries credentials: set username and password (from the environment)")
         return self
 
 
@@ -659,6 +663,19 @@ class SinkConfig(_Section):
                     raise ValueError(
                         f"write.{names[prop]} ({value}) and {where} {prop} ({given}) disagree: set one"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _framed_batches_are_not_buffered(self) -> SinkConfig:
+        """Buffered batches (commit.min_size/max_period) are decoded together by Spark's decoder, which
+        reads Debezium JSON only; the Arrow path can't take them whole (a key changed in two of them
+        would be in two tasks). Holding each table's changes (commit.table_min_records) works."""
+        if self.source.framed and (self.commit.min_size is not None or self.commit.max_period is not None):
+            raise ValueError(
+                f"commit.min_size/max_period buffer batches for Spark's decoder, which does not read "
+                f"{self.source.format}: raise commit.trigger_interval instead (or, in a sink of many tables, "
+                "hold each table's changes with commit.table_min_records/table_max_period)"
+            )
         return self
 
     @model_validator(mode="after")

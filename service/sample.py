@@ -151,7 +151,12 @@ class SampleSource:
         return [self.rows[k] for k in sorted(self.rows)]
 
 
-def produce(bootstrap: str, topic: str, changes: list[Change], options: dict[str, str] | None = None) -> None:
+def produce(
+    bootstrap: str,
+    topic: str,
+    changes: list[Change] | list[tuple[bytes, bytes]],
+    options: dict[str, str] | None = None,
+) -> None:
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -164,11 +169,68 @@ def produce(bootstrap: str, topic: str, changes: list[Change], options: dict[str
         }
     )
     for change in changes:
-        producer.produce(topic, key=json.dumps(change.key), value=json.dumps(change.value))
+        if isinstance(change, tuple):  # already encoded (Avro)
+            producer.produce(topic, key=change[0], value=change[1])
+        else:
+            producer.produce(topic, key=json.dumps(change.key), value=json.dumps(change.value))
         producer.poll(0)
     remaining = producer.flush(60)
     if remaining:
         raise RuntimeError(f"{remaining} message(s) were not delivered to {topic}")
+
+
+# What an Avro envelope of the sample carries beyond the schema section: the source's names (a sink of
+# many tables routes by them, `table.identifier: demo.{source.table}`).
+_SOURCE = {
+    "type": "struct",
+    "optional": False,
+    "fields": [
+        {"field": "db", "type": "string", "optional": True},
+        {"field": "schema", "type": "string", "optional": True},
+        {"field": "table", "type": "string", "optional": True},
+    ],
+}
+
+
+def as_avro(changes: list[Change], table: str, registry_url: str, topic: str) -> list[tuple[bytes, bytes]]:
+    """The changes as Debezium's Avro converter would write them: the Confluent wire format, keys and
+    values, their schemas registered in the registry under ``<topic>-key`` and ``<topic>-value``."""
+    import io
+    import struct
+    import urllib.request
+
+    from fastavro import parse_schema, schemaless_writer
+
+    from service.data.avro_schema import avro_of_connect, avro_values
+
+    envelope = envelope_schema(table)
+    envelope = {**envelope, "fields": [*envelope["fields"], {**_SOURCE, "field": "source"}]}
+    key = {"type": "struct", "fields": [COLUMNS_SCHEMA[0]]}
+    schemas = {
+        "value": (envelope, avro_of_connect(envelope, f"{table}.Envelope")),
+        "key": (key, avro_of_connect(key, f"{table}.Key")),
+    }
+    ids = {}
+    for side, (_, avro) in schemas.items():
+        request = urllib.request.Request(
+            f"{registry_url.rstrip('/')}/subjects/{topic}-{side}/versions",
+            data=json.dumps({"schema": json.dumps(avro)}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            ids[side] = int(json.loads(response.read())["id"])
+    parsed = {side: parse_schema(avro) for side, (_, avro) in schemas.items()}
+
+    def encode(side: str, document: dict[str, Any]) -> bytes:
+        connect = schemas[side][0]
+        payload = document.get("payload", document)
+        out = io.BytesIO()
+        out.write(b"\x00" + struct.pack(">I", ids[side]))
+        schemaless_writer(out, parsed[side], avro_values(connect, payload))
+        return out.getvalue()
+
+    return [(encode("key", c.key), encode("value", c.value)) for c in changes]
 
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
@@ -198,11 +260,20 @@ def main() -> None:
     p.add_argument(
         "--table", default=SampleSource.table, help="the source table the events name (source.table)"
     )
+    p.add_argument(
+        "--format", choices=("json", "avro"), default="json", help="Debezium JSON, or Avro through --registry"
+    )
+    p.add_argument("--registry", help="with --format avro: the schema registry's Confluent-compatible URL")
     args = p.parse_args()
+    if args.format == "avro" and not args.registry:
+        p.error("--format avro needs --registry")
     source = SampleSource(keys=args.keys, seed=args.seed, with_schema=not args.no_schema, table=args.table)
     ensure_topic(args.bootstrap, args.topic, args.partitions)
     changes = [source.next_change() for _ in range(args.events)]
-    produce(args.bootstrap, args.topic, changes)
+    if args.format == "avro":
+        produce(args.bootstrap, args.topic, as_avro(changes, args.table, args.registry, args.topic))
+    else:
+        produce(args.bootstrap, args.topic, changes)
     ops = {op: sum(1 for c in changes if c.op == op) for op in "cud"}
     print(
         f"produced {len(changes)} changes to {args.topic} ({ops}); the source table now has "

@@ -74,6 +74,7 @@ class ArrowTaskSpec:
     # JSON), and the schema sections whose records are dead letters (why), an incompatible change refused
     registry: Registry | None = None
     format: str = "debezium-json"
+    strict: bool = False  # table.on_incompatible_schema: fail (an unreadable writer schema stops the batch)
     rejected: dict[str, str] = field(default_factory=dict)
 
 
@@ -258,7 +259,9 @@ class TaskTable:
         self.appended: list[pa.Table] = []
         self.kept = 0
         self.framed = (
-            registry_decode.Schemas(spec.registry, spec.format) if spec.registry is not None else None
+            registry_decode.Schemas(spec.registry, spec.format, spec.strict)
+            if spec.registry is not None
+            else None
         )
         self.dead: list[pa.Table] = []
         self.empty = pa.table({})  # the decoded rows' columns, without rows

@@ -16,6 +16,7 @@ unscaled bytes), which is what the JSON converter writes too, so that one conver
 
 from __future__ import annotations
 
+import base64
 import copy
 import io
 import json
@@ -153,7 +154,10 @@ class AvroSchema:
             avro = json.loads(text)
         except ValueError:
             raise UnknownSchema(f"schema id {schema_id}: the registry's Avro schema is not JSON") from None
-        self.connect = connect_schema(avro)
+        try:
+            self.connect = connect_schema(avro)
+        except (KeyError, TypeError, AttributeError) as exc:  # not the shape of an Avro schema
+            raise UnknownSchema(f"schema id {schema_id} is not a valid Avro schema: {exc!r}") from None
         try:
             self._parsed = parse_schema(decoding_schema(avro))
         except Exception as exc:  # fastavro's own errors for what is not valid Avro
@@ -175,3 +179,75 @@ class AvroSchema:
         if not isinstance(value, dict):
             raise BadRecord(f"schema id {self.schema_id} is not a record schema")
         return value, self.connect
+
+
+_CONNECT_PRIMITIVES = {
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float": "float",
+    "float32": "float",
+    "float64": "double",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
+
+
+def avro_of_connect(connect: dict[str, Any], name: str) -> dict[str, Any]:
+    """The Avro schema Kafka Connect's Avro converters write for a Connect schema (the inverse of
+    :func:`connect_schema`, for what a Debezium envelope holds): optional as a union with null,
+    Connect's names and parameters as annotations, a Decimal as Avro's decimal. ``name``: the full
+    name of the top record; nested records are named after their field."""
+    kind = connect["type"]
+    out: dict[str, Any]
+    if kind == "struct":
+        fields = []
+        for f in connect.get("fields", []):
+            schema = avro_of_connect(f, f"{name}_{f['field']}")
+            fields.append(
+                {"name": f["field"], "type": ["null", schema], "default": None}
+                if f.get("optional", True)
+                else {"name": f["field"], "type": schema}
+            )
+        out = {"type": "record", "name": name.rsplit(".", 1)[-1], "fields": fields}
+        if "." in name:
+            out["namespace"] = name.rsplit(".", 1)[0]
+    elif kind == "array":
+        items = connect["items"]
+        item = avro_of_connect(items, f"{name}_item")
+        out = {"type": "array", "items": ["null", item] if items.get("optional", True) else item}
+    elif kind in _CONNECT_PRIMITIVES:
+        out = {"type": _CONNECT_PRIMITIVES[kind]}
+        if kind in ("int8", "int16"):
+            out["connect.type"] = kind
+    else:
+        raise SchemaError(f"{name}: Kafka Connect type {kind!r} has no Avro form here")
+    if "name" in connect and kind != "struct":
+        out["connect.name"] = connect["name"]
+    if connect.get("parameters"):
+        out["connect.parameters"] = dict(connect["parameters"])
+    if connect.get("name") == DECIMAL:
+        params = connect.get("parameters") or {}
+        out.update(
+            logicalType="decimal",
+            scale=int(params.get("scale", 0)),
+            precision=int(params.get("connect.decimal.precision", 38)),
+        )
+    return out
+
+
+def avro_values(connect: dict[str, Any], value: Any) -> Any:
+    """A JSON converter's value of ``connect`` as the Avro writer takes it: bytes from base64."""
+    if value is None:
+        return None
+    kind = connect["type"]
+    if kind == "bytes":
+        return base64.b64decode(value)
+    if kind == "struct":
+        return {f["field"]: avro_values(f, value.get(f["field"])) for f in connect.get("fields", [])}
+    if kind == "array":
+        return [avro_values(connect["items"], v) for v in value]
+    return value

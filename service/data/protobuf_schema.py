@@ -115,7 +115,10 @@ def message_indexes(payload: bytes) -> tuple[list[int], int]:
         return [0], position
     if not 0 < count <= _MAX_DEPTH:
         raise BadRecord(f"the payload names {count} message indexes")
-    return [varint() for _ in range(count)], position
+    indexes = [varint() for _ in range(count)]
+    if min(indexes) < 0:
+        raise BadRecord(f"negative message indexes {indexes}")
+    return indexes, position
 
 
 def _field_connect(field: FieldDescriptor, depth: int) -> dict[str, Any]:
@@ -184,7 +187,10 @@ def _message_value(message: Message) -> Any:
             raise BadRecord(
                 f"a timestamp with nanoseconds ({seconds}s {nanos}ns): the table keeps microseconds"
             )
-        instant = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos // 1000)
+        try:
+            instant = datetime.fromtimestamp(seconds, UTC).replace(microsecond=nanos // 1000)
+        except (ValueError, OverflowError):
+            raise BadRecord(f"a timestamp out of range ({seconds}s)") from None
         return instant.isoformat().replace("+00:00", "Z")
     if name == DATE:
         try:
@@ -231,7 +237,7 @@ class ProtobufSchema:
                 )
             pool.AddSerializedFile(known[dependency])
         try:
-            self._file = pool.Add(proto)
+            self._file = pool.AddSerializedFile(proto.SerializeToString())
         except TypeError as exc:
             raise UnknownSchema(f"schema id {schema_id} is not a valid Protobuf schema: {exc}") from None
         self._messages: dict[tuple[int, ...], tuple[type[Message], dict[str, Any]]] = {}
@@ -246,7 +252,11 @@ class ProtobufSchema:
                     descriptor = descriptor.nested_types[i]
             except IndexError:
                 raise BadRecord(f"schema id {self.schema_id} has no message at indexes {indexes}") from None
-            self._messages[key] = (message_factory.GetMessageClass(descriptor), _message_connect(descriptor))
+            try:
+                connect = _message_connect(descriptor)
+            except SchemaError as exc:
+                raise UnknownSchema(f"schema id {self.schema_id} can't be mapped to columns: {exc}") from None
+            self._messages[key] = (message_factory.GetMessageClass(descriptor), connect)
         return self._messages[key]
 
     def read(self, payload: bytes) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -40,7 +40,7 @@ from service.data.arrow_decode import (
 from service.data.avro_schema import AvroSchema
 from service.data.envelope import KAFKA_POSITION, TRUNCATE_OP, TRUNCATE_REASON
 from service.data.protobuf_schema import ProtobufSchema
-from service.data.registry import BadRecord, NotFramed, Registry, UnknownSchema, WriterSchema, frame
+from service.data.registry import Registry, RegistryUnavailable, UnknownSchema, WriterSchema, frame
 from service.model.columns import Column, Encoding, SchemaError
 
 DEAD_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
@@ -56,26 +56,44 @@ class Schemas:
 
     registry: Registry
     format: str = "debezium-avro"  # source.format
+    # table.on_incompatible_schema is fail: a schema that can't be read or mapped stops the batch
+    # (SchemaError) rather than making its records dead letters
+    strict: bool = False
     by_id: dict[int, WriterSchema] = field(default_factory=dict)
+    failed: dict[int, UnknownSchema] = field(default_factory=dict)  # asked once per task, too
     texts: dict[int, str] = field(default_factory=dict)  # id() of a Connect schema → its text
 
     def get(self, schema_id: int) -> WriterSchema:
         known = self.by_id.get(schema_id)
-        if known is None:
-            registered = self.registry.schema(schema_id)
+        if known is not None:
+            return known
+        if schema_id in self.failed:
+            raise self.failed[schema_id]
+        try:
+            known = self._load(schema_id)
+        except UnknownSchema as exc:
+            self.failed[schema_id] = exc
+            raise
+        self.by_id[schema_id] = known
+        return known
+
+    def _load(self, schema_id: int) -> WriterSchema:
+        registered = self.registry.schema(schema_id)  # UnknownSchema: the registry has no such id
+        try:
             if registered.kind != KINDS[self.format]:
                 raise UnknownSchema(
                     f"schema id {schema_id} is {registered.kind}, and source.format is {self.format}"
                 )
             try:
                 if registered.kind == "AVRO":
-                    known = AvroSchema(schema_id, registered.text)
-                else:
-                    known = ProtobufSchema(schema_id, registered.text)
+                    return AvroSchema(schema_id, registered.text)
+                return ProtobufSchema(schema_id, registered.text)
             except SchemaError as exc:
                 raise UnknownSchema(f"schema id {schema_id} can't be mapped to columns: {exc}") from None
-            self.by_id[schema_id] = known
-        return known
+        except UnknownSchema as exc:  # the schema is there, and this sink can't take it
+            if self.strict:
+                raise SchemaError(f"{exc} (table.on_incompatible_schema: fail)") from None
+            raise
 
     def read_connect(self, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
         """One framed record → its value and the Kafka Connect schema of its writer schema."""
@@ -169,15 +187,26 @@ def decode(
             key_rows.append({})
             sections.append(None)
             continue
+        key_row: dict[str, Any] = {}
         try:
             event, section = schemas.read(value) if value is not None else ({"op": "d"}, None)
-            # The key columns are in a change's row image; a tombstone (and a delete, whose before
-            # image may lack them) takes them from the record's key.
-            key_row = {}
-            if key_bytes is not None and event.get("op") in (None, "d"):
-                key_row = schemas.read(key_bytes)[0]
-        except (BadRecord, NotFramed, UnknownSchema) as exc:
-            dead[i] = str(exc)
+            # The key columns are in a change's row image; a tombstone takes them from the record's
+            # key, and so does a delete where it can (its before image holds the key columns too: a
+            # key it can't read, another converter's say, does not lose the delete).
+            if key_bytes is not None and event.get("op") == "d":
+                try:
+                    key_row = schemas.read(key_bytes)[0]
+                except RegistryUnavailable:
+                    raise
+                except Exception:
+                    if value is None:  # a tombstone has nothing else
+                        raise
+        except RegistryUnavailable:
+            raise  # not the record's fault: the batch fails and is retried
+        except Exception as exc:  # the record's own: a dead letter (reading raises all kinds)
+            dead[i] = (
+                str(exc) if isinstance(exc, ValueError | LookupError) else f"{type(exc).__name__}: {exc}"
+            )
             event, section, key_row = {}, None, {}
         if event.get("op") == TRUNCATE_OP:
             dead[i] = TRUNCATE_REASON

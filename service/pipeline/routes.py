@@ -16,11 +16,10 @@ from pyiceberg.catalog import Catalog
 
 from service.config import SinkConfig, render_identifier, template_fields
 from service.iceberg.tables import KnownTables
-from service.kafka.lookups import peek
 from service.metrics import SinkMetrics
 from service.model.offsets import Offsets
 from service.pipeline.isolation import isolates
-from service.pipeline.table import TablePipeline
+from service.pipeline.table import TablePipeline, peek_topics
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class Routes:
             return None  # its table is created from its first events, when they come
         values = {"topic": topic}
         if any(f.startswith("source.") for f in self.fields):
-            source = peek(self.config.kafka, [topic]).source
+            source = peek_topics(self.config, [topic]).source
             missing = [f for f in self.fields if f.startswith("source.") and f.split(".", 1)[1] not in source]
             if missing:
                 if with_records is None:

@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from service.config import Mode, SinkConfig, TableConfig
 from service.data import arrow_job, registry_decode
-from service.data.arrow_decode import Declined
+from service.data.arrow_decode import Declined, unsupported
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import (
     LOCATED,
@@ -76,9 +76,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class FramedBatchRefused(RuntimeError):
+# A batch with new schema versions evolves its table and is written again; it can take a few turns (a
+# version refused, another one evolving), never more than this.
+MAX_EVOLUTIONS = 5
+
+
+class FramedBatchRefused(SchemaError):
     """An Avro or Protobuf batch the Arrow path can't write (a key in two Kafka partitions, a task over
-    source.max_task_bytes): Debezium JSON would take Spark's path, these formats have none."""
+    source.max_task_bytes, a column without an Arrow conversion): Debezium JSON would take Spark's
+    path, these formats have none. The table's own failure: ``table.on_failure`` may isolate it."""
 
 
 class StopRequested(RuntimeError):
@@ -118,6 +124,16 @@ def registry(config: SinkConfig) -> Registry | None:
     """The schema registry of an Avro or Protobuf source; None for Debezium JSON."""
     source = config.source
     return Registry(source.schema_registry) if source.framed and source.schema_registry is not None else None
+
+
+def peek_topics(config: SinkConfig, topics: list[str]) -> Peek:
+    """What the first records of ``topics`` say (their schema, source, key fields), in the source's format."""
+    framed = registry(config)
+    if framed is None:
+        return peek(config.kafka, topics)
+    return peek(
+        config.kafka, topics, parse=registry_decode.Schemas(framed, config.source.format).as_json_event
+    )
 
 
 def resolve_key(
@@ -160,13 +176,7 @@ def resolve_table(
     if settings.columns:
         declared = [column_from_config(c.name, c.type, c.required, c.encoding) for c in settings.columns]
     if not settings.columns or (settings.mode is Mode.UPSERT and not settings.key):
-        framed = registry(config)
-        parse = (
-            registry_decode.Schemas(framed, config.source.format).as_json_event
-            if framed is not None
-            else json.loads
-        )
-        peeked = peek(config.kafka, topics, parse=parse)
+        peeked = peek_topics(config, topics)
     if not settings.columns and peeked.schema is not None:
         declared = columns_from_envelope_schema(
             peeked.schema, variable_scale=config.source.variable_scale_type
@@ -239,27 +249,26 @@ class TablePipeline:
         return self.schemas.arrow_ready()
 
     def write_arrow(self, records: KafkaRecords, offsets: Offsets) -> TableWrite | None:
-        """The batch through the one-job Arrow path; None if the Arrow decoder declined it (JSON).
-
-        Avro and Protobuf have no other path: a batch with new schema versions evolves the table and is written
-        again (once per evolution); any other decline is an error that names its cause."""
+        """The batch through the one-job Arrow path; None if the Arrow decoder declined it (JSON;
+        Avro and Protobuf have no other path: :func:`write_framed`)."""
+        if self.config.source.framed:
+            return write_framed(self, records, offsets)
         started = time.monotonic()
-        while True:
-            try:
-                batch = self._retrying(lambda: self._arrow_run(records))
-            except Declined as exc:
-                if not self.config.source.framed:
-                    self.declined(str(exc))
-                    return None
-                if str(exc) == EVOLVED:
-                    logger.info("table %s: %s", self.identifier, EVOLVED)
-                    self.known.forget(self.identifier)
-                    continue
-                raise FramedBatchRefused(
-                    f"table {self.identifier}: the batch can't be written: {exc}; batches of {self.config.source.format} "
-                    "have no second decoder to take them"
-                ) from None
-            return self.arrow_written(batch, offsets, started)
+        try:
+            batch = self._retrying(lambda: self._arrow_run(records))
+        except Declined as exc:
+            self.declined(str(exc))
+            return None
+        return self.arrow_written(batch, offsets, started)
+
+    def evolved(self, reason: str) -> bool:
+        """Whether an Avro/Protobuf batch was declined because the table evolved for it: its write
+        starts again from the catalog's table (the one the sink knew is older)."""
+        if reason != EVOLVED:
+            return False
+        logger.info("table %s: %s", self.identifier, EVOLVED)
+        self.known.forget(self.identifier)
+        return True
 
     def declined(self, reason: str) -> None:
         logger.info(
@@ -297,7 +306,11 @@ class TablePipeline:
         """The batch through Spark's decoder: the table evolved first if the events' schema changed
         (so the table is loaded again, here and for the commit)."""
         if self.config.source.framed:
-            raise FramedBatchRefused(f"table {self.identifier}: Spark's decoder reads Debezium JSON only")
+            reason = unsupported(self.schemas.columns) or "its events' schema is being dead-lettered"
+            raise FramedBatchRefused(
+                f"table {self.identifier}: the Arrow decoder can't take it ({reason}), and Spark's decoder "
+                f"reads Debezium JSON only, not {self.config.source.format}"
+            )
         started = time.monotonic()
         self.known.forget(self.identifier)
         return self._retrying(
@@ -382,6 +395,7 @@ class TablePipeline:
             hold=hold,
             registry=registry(self.config),
             format=self.config.source.format,
+            strict=self.settings.on_incompatible_schema == "fail",
             rejected=dict(self.schemas.rejected),
         )
         check_schemas: Callable[[set[str]], str | None] | None = None
@@ -477,6 +491,26 @@ class TablePipeline:
         )
 
 
+def write_framed(pipeline: TablePipeline, records: KafkaRecords, offsets: Offsets) -> TableWrite:
+    """An Avro or Protobuf batch through the Arrow path, its only one: a batch with new schema versions
+    evolves the table and is written again; any other decline is an error that names its cause."""
+    started = time.monotonic()
+    for _ in range(MAX_EVOLUTIONS):
+        try:
+            batch = pipeline._retrying(lambda: pipeline._arrow_run(records))
+        except Declined as exc:
+            if pipeline.evolved(str(exc)):
+                continue
+            raise FramedBatchRefused(
+                f"table {pipeline.identifier}: the batch can't be written: {exc}; batches of "
+                f"{pipeline.config.source.format} have no second decoder to take them"
+            ) from None
+        return pipeline.arrow_written(batch, offsets, started)
+    raise FramedBatchRefused(
+        f"table {pipeline.identifier}: the batch still needs the table evolved after {MAX_EVOLUTIONS} evolutions"
+    )
+
+
 @dataclass
 class ArrowTables:
     """What one Arrow job did for a batch's tables: the tables it wrote, and the rows of those whose
@@ -537,7 +571,8 @@ def write_arrow_tables(
     for name, outcome in first._retrying(attempt).items():
         pipeline, _, offsets = tables[name]
         if isinstance(outcome, str):
-            pipeline.declined(outcome)
+            if not pipeline.evolved(outcome):  # an evolved table is written again on its own
+                pipeline.declined(outcome)
         elif name in hold:
             result.held[name] = outcome
         else:

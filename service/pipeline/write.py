@@ -73,7 +73,7 @@ class BatchWriter:
 
     def write(self, batch: Batch, arrow: bool) -> None:
         """Write ``batch`` into its tables and commit it (nothing is committed if nothing moved)."""
-        arrow = arrow or self.config.source.framed  # buffered batches too: Avro, Protobuf have only this path
+        arrow = arrow or self.config.source.framed  # Avro, Protobuf have only this path
         offsets = self.positions.covering(batch.end)
         writes: list[TableWrite] = []
         isolated: list[str] = []

@@ -67,6 +67,7 @@ def test_the_demo_has_every_part(resolved: dict[str, Any]) -> None:
         "producer",
         "icesink",
         "query",
+        "registry",
     }
     assert services["kafka"]["image"].startswith("apache/kafka:")
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft
@@ -84,6 +85,12 @@ def test_the_demo_has_every_part(resolved: dict[str, Any]) -> None:
         assert Path(services[name]["build"]["context"]).resolve() == REPO
     assert services["query"]["build"]["target"] == "query"
     assert "service.sample" in " ".join(services["producer"]["command"])
+    # JSON by default, Avro through the registry with ICESINK_DEMO_FORMAT=avro, producer and sink alike
+    assert services["registry"]["image"].startswith("apicurio/apicurio-registry:")
+    assert (
+        "--format json --registry http://registry:8080/apis/ccompat/v7" in services["producer"]["command"][0]
+    )
+    assert services["icesink"]["environment"]["ICESINK_SOURCE__FORMAT"] == "debezium-json"
 
 
 def test_start_up_order_waits_for_health(resolved: dict[str, Any]) -> None:
@@ -133,6 +140,8 @@ def test_mounted_files_exist_and_the_sink_config_is_valid(
     assert set(config.tables) <= tables, "the overrides name tables the demo writes"
     assert config.table_settings("demo.customers").partition_by == ["country"]
     assert not config.kafka.reads(config.dead_letter_topic)
+    avro = load_config(mounts[config_path], env={**env, "ICESINK_SOURCE__FORMAT": "debezium-avro"})
+    assert avro.source.framed and avro.source.schema_registry is not None  # ICESINK_DEMO_FORMAT=avro
     secret = env["AWS_SECRET_ACCESS_KEY"]
     assert secret not in Path(mounts[config_path]).read_text(), "credentials stay out of the config file"
 

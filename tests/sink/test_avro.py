@@ -8,11 +8,14 @@ mid-commit in tests/chaos/test_chaos_debezium.py; a registry outage is tests/cha
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 from readers import duckdb_rows, spark_rows
+from service.sample import SampleSource
 from tests.cdc import differences
 from tests.sink.avro_stream import AccountsStream
 from tests.sink.conftest import Sink
@@ -90,3 +93,55 @@ def test_a_column_added_at_the_source_evolves_the_table(
     assert "evolved for the batch's new schema versions" in run.log(), run.log()[-3000:]
     assert_avro_rows(spark, sink.table, stream.expected())
     assert any(row["tier"] is None for row in stream.expected())
+
+
+def test_the_demo_producer_in_avro_lands_table_by_table(
+    make_sink: Callable[..., Sink], stack: Any, spark: Any, unique_name: Callable[[str], str]
+) -> None:
+    """The compose demo with ICESINK_DEMO_FORMAT=avro, on the stack: `python -m service.sample --format
+    avro` writes two tables' streams, one sink of a topic pattern routes each by its Avro envelope's
+    source.table into a table of its own, and each table is the sample model's rows."""
+    prefix = unique_name("demo")
+    ns = unique_name("ns")
+    sink = make_sink(
+        kafka={"topics": None, "topic_pattern": f"{prefix}\\..*"},
+        table={"identifier": f"{ns}.{{source.table}}", "key": []},
+        source={"format": "debezium-avro", "schema_registry": {"url": stack.schema_registry_url}},
+    )
+    sink.config["kafka"].pop("topics")
+    runs = {"customers": (400, 300, 3), "orders": (250, 100, 4)}
+    for table, (events, keys, seed) in runs.items():
+        produced = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "service.sample",
+                "--bootstrap",
+                stack.kafka_bootstrap,
+                "--topic",
+                f"{prefix}.{table}",
+                "--table",
+                table,
+                "--events",
+                str(events),
+                "--keys",
+                str(keys),
+                "--seed",
+                str(seed),
+                "--format",
+                "avro",
+                "--registry",
+                stack.schema_registry_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert produced.returncode == 0, produced.stderr[-3000:]
+    sink.run_until_caught_up()
+    for table, (events, keys, seed) in runs.items():
+        model = SampleSource(keys=keys, seed=seed, table=table)
+        for _ in range(events):
+            model.next_change()
+        assert_avro_rows(spark, f"{ns}.{table}", model.expected_rows())

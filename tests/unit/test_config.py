@@ -73,6 +73,34 @@ def test_variable_scale_decimal_is_a_string_or_a_decimal() -> None:
             with_(kafka={"bootstrap_servers": "k", "topics": ["t"], "options": {"isolation.level": "x"}}),
             "kafka.options: .*set kafka.isolation_level instead",
         ),
+        (with_(source={"format": "debezium-avro"}), "source: .*format debezium-avro needs schema_registry"),
+        (
+            with_(
+                source={
+                    "format": "debezium-protobuf",
+                    "decoder": "spark",
+                    "schema_registry": {"url": "http://r"},
+                }
+            ),
+            "source: .*decoded in the Python tasks only",
+        ),
+        (
+            with_(source={"format": "debezium-avro", "schema_registry": {"url": "http://u:secret@r"}}),
+            "source.schema_registry: .*url carries credentials",
+        ),
+        (
+            with_(
+                source={"format": "debezium-avro", "schema_registry": {"url": "http://r", "username": "u"}}
+            ),
+            "source.schema_registry: .*username and password go together",
+        ),
+        (
+            with_(
+                source={"format": "debezium-avro", "schema_registry": {"url": "http://r"}},
+                commit={"min_size": "64MiB"},
+            ),
+            "commit.min_size/max_period buffer batches for Spark's decoder, which does not read debezium-avro",
+        ),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:
@@ -207,3 +235,17 @@ def test_a_sink_behind_reads_its_backlog_in_chunks_of_a_tenth_of_the_budget_or_t
     assert parse_config(held, env={}).backlog_chunk == 500
     unbounded = with_(kafka=kafka, table=many, commit={"table_min_records": 500})
     assert parse_config(unbounded, env={}).backlog_chunk is None
+
+
+def test_registry_secrets_stay_out_of_the_configuration_and_its_repr() -> None:
+    raw = with_(
+        source={
+            "format": "debezium-avro",
+            "schema_registry": {"url": "https://r", "username": "u", "password": "${REGISTRY_PASSWORD}"},
+        }
+    )
+    config = parse_config(raw, env={"REGISTRY_PASSWORD": "s3cret"})
+    registry = config.source.schema_registry
+    assert registry is not None and registry.password is not None
+    assert registry.password.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(config) and "s3cret" not in str(config.model_dump())
