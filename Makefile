@@ -37,7 +37,8 @@ test: bootstrap
 
 chaos: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "chaos or slow" tests/chaos tests/txnlog tests/sink/test_restarts.py tests/sink/test_maintenance.py $(PYTEST_ARGS)
+	.venv/bin/pytest -m "chaos or slow" tests/chaos tests/txnlog tests/sink/test_restarts.py tests/sink/test_maintenance.py \
+		tests/sink/test_debezium.py tests/sink/test_avro.py tests/sink/test_protobuf.py $(PYTEST_ARGS)
 
 bench: bootstrap
 	dev/stack up

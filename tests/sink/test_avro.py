@@ -10,15 +10,19 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
+
+import pytest
 
 from readers import duckdb_rows, spark_rows
 from service.sample import SampleSource
 from tests.cdc import differences
 from tests.sink.avro_stream import AccountsStream
-from tests.sink.conftest import Sink
+from tests.sink.conftest import Sink, open_cdc
 from tests.sink.expect import topic_records
 
 
@@ -95,6 +99,7 @@ def test_a_column_added_at_the_source_evolves_the_table(
     assert any(row["tier"] is None for row in stream.expected())
 
 
+@pytest.mark.slow  # the demo's producer and routing; the Avro decoding is the other tests'
 def test_the_demo_producer_in_avro_lands_table_by_table(
     make_sink: Callable[..., Sink], stack: Any, spark: Any, unique_name: Callable[[str], str]
 ) -> None:
@@ -145,3 +150,40 @@ def test_the_demo_producer_in_avro_lands_table_by_table(
         for _ in range(events):
             model.next_change()
         assert_avro_rows(spark, f"{ns}.{table}", model.expected_rows())
+
+
+def test_a_column_debezium_adds_in_avro_evolves_the_table(
+    make_sink: Callable[..., Sink], stack: Any, spark: Any, unique_name: Callable[[str], str]
+) -> None:
+    """ALTER TABLE ... ADD COLUMN at the source while Debezium writes Avro: the converter registers a
+    new writer schema and the records after the change carry its id. The running sink's next batches
+    evolve the table; rows from before read null in the new column, the table is the source's rows."""
+    name = f"grow_{uuid.uuid4().hex[:8]}"
+    table = f"public.{name}"
+    with open_cdc(stack) as cdc:
+        cdc.execute(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, note text)",
+            f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')",
+        )
+        connector = cdc.register(f"dbz_{name}", [table], avro_registry=stack.schema_registry_url)
+        connector.wait_snapshot_done()
+        sink = make_sink(
+            kafka={"topics": [connector.topic(table)]},
+            table={"identifier": f"{unique_name('ns')}.{name}", "key": ["id"]},
+            source={"format": "debezium-avro", "schema_registry": {"url": stack.schema_registry_url}},
+        )
+        run = sink.start()
+        run.wait_for_log("committed seq", timeout=240)
+        cdc.execute(
+            f"ALTER TABLE {table} ADD COLUMN score numeric(6,2)",
+            f"UPDATE {table} SET score = 1.25 WHERE id = 1",
+            f"INSERT INTO {table} VALUES (3, 'c', 99.5)",
+        )
+        connector.wait_for_events(table, 2 + 2)
+        run.wait_for_log("evolved for the batch's new schema versions", timeout=240)
+        source = cdc.rows(table)
+        deadline = time.monotonic() + 240
+        while differences(source, duckdb_rows(sink.table), "id", "duckdb") and time.monotonic() < deadline:
+            time.sleep(2)
+        run.kill()
+    assert_avro_rows(spark, sink.table, source)

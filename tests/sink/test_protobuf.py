@@ -15,7 +15,7 @@ from tests.sink.conftest import Sink
 from tests.sink.protobuf_sales import ProtobufSales
 
 
-@pytest.mark.parametrize("mode", ["upsert", "append"])
+@pytest.mark.parametrize("mode", ["upsert", pytest.param("append", marks=pytest.mark.slow)])
 def test_protobuf_sales_stream_lands_exactly(
     make_sink: Callable[..., Sink], stack: Any, spark: Any, mode: str
 ) -> None:
