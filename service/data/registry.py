@@ -122,8 +122,16 @@ class Registry:
                 raise _Retryable(f"{url}: HTTP {response.status_code}")
             if response.status_code != 200:
                 raise RegistryUnavailable(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
-            body = response.json()
-            return RegisteredSchema(str(body.get("schemaType") or "AVRO"), str(body["schema"]))
+            try:
+                body = response.json()
+                return RegisteredSchema(str(body.get("schemaType") or "AVRO"), str(body["schema"]))
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+            ):  # not a registry's answer (a proxy's page?)
+                raise _Retryable(f"{url}: HTTP 200 without a schema: {response.text[:100]!r}") from None
 
         try:
             return retry_call(
