@@ -319,19 +319,6 @@ AVRO_VALUE: dict[str, Any] = {
 }
 
 
-def _register(registry_url: str, subject: str, schema: dict[str, Any]) -> int:
-    import urllib.request
-
-    request = urllib.request.Request(
-        f"{registry_url}/subjects/{subject}/versions",
-        data=json.dumps({"schema": json.dumps(schema)}).encode(),
-        method="POST",
-        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return int(json.loads(response.read())["id"])
-
-
 def as_avro(events: list[Event], registry_url: str, subject: str) -> list[Event]:
     """The same events in Avro, Confluent wire format, their schemas registered under ``subject``."""
     import io
@@ -339,8 +326,10 @@ def as_avro(events: list[Event], registry_url: str, subject: str) -> list[Event]
 
     from fastavro import parse_schema, schemaless_writer
 
-    key_id = _register(registry_url, f"{subject}-key", AVRO_KEY)
-    value_id = _register(registry_url, f"{subject}-value", AVRO_VALUE)
+    from service.data.registry import register
+
+    key_id = register(registry_url, f"{subject}-key", AVRO_KEY)
+    value_id = register(registry_url, f"{subject}-value", AVRO_VALUE)
     key_schema, value_schema = parse_schema(AVRO_KEY), parse_schema(AVRO_VALUE)
 
     def encode(schema: Any, schema_id: int, record: dict[str, Any]) -> bytes:

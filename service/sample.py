@@ -197,11 +197,11 @@ def as_avro(changes: list[Change], table: str, registry_url: str, topic: str) ->
     values, their schemas registered in the registry under ``<topic>-key`` and ``<topic>-value``."""
     import io
     import struct
-    import urllib.request
 
     from fastavro import parse_schema, schemaless_writer
 
     from service.data.avro_schema import avro_of_connect, avro_values
+    from service.data.registry import register
 
     envelope = envelope_schema(table)
     envelope = {**envelope, "fields": [*envelope["fields"], {**_SOURCE, "field": "source"}]}
@@ -210,16 +210,7 @@ def as_avro(changes: list[Change], table: str, registry_url: str, topic: str) ->
         "value": (envelope, avro_of_connect(envelope, f"{table}.Envelope")),
         "key": (key, avro_of_connect(key, f"{table}.Key")),
     }
-    ids = {}
-    for side, (_, avro) in schemas.items():
-        request = urllib.request.Request(
-            f"{registry_url.rstrip('/')}/subjects/{topic}-{side}/versions",
-            data=json.dumps({"schema": json.dumps(avro)}).encode(),
-            method="POST",
-            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            ids[side] = int(json.loads(response.read())["id"])
+    ids = {side: register(registry_url, f"{topic}-{side}", avro) for side, (_, avro) in schemas.items()}
     parsed = {side: parse_schema(avro) for side, (_, avro) in schemas.items()}
 
     def encode(side: str, document: dict[str, Any]) -> bytes:

@@ -14,6 +14,7 @@ record's problem: a dead letter.
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
 import threading
@@ -52,6 +53,19 @@ def frame(payload: bytes) -> tuple[int, bytes]:
             "(expected the magic byte 0x00 and a 4-byte schema id)"
         )
     return struct.unpack(">I", payload[1:HEADER_BYTES])[0], payload[HEADER_BYTES:]
+
+
+def register(url: str, subject: str, schema: dict[str, Any], timeout_s: float = 30.0) -> int:
+    """Register an Avro ``schema`` under ``subject`` (``POST /subjects/{subject}/versions``); its id. For
+    producers of Avro (the sample source, the benchmark); the sink only reads schemas."""
+    response = requests.post(
+        f"{url.rstrip('/')}/subjects/{subject}/versions",
+        json={"schema": json.dumps(schema)},
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        timeout=timeout_s,
+    )
+    response.raise_for_status()
+    return int(response.json()["id"])
 
 
 def framed(schema_id: int, payload: bytes) -> bytes:
