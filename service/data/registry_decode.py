@@ -219,7 +219,7 @@ def decode(
     for i, section in enumerate(sections):
         if i not in dead:
             groups.setdefault(section, []).append(i)
-    positions = kafka.select(KAFKA_POSITION)
+    read = _Read(events, key_rows, kafka.select(KAFKA_POSITION))
     parts: list[tuple[Decoded, list[int]]] = []
     for section, indices in groups.items():
         version = columns if section is None else section_columns(columns, section)
@@ -227,59 +227,55 @@ def decode(
             raise Declined(reason)
         _as_json_values(events, indices, version)
         _as_json_values(key_rows, indices, version)
-        parts.extend(_isolating(events, key_rows, positions, version, key, indices, dead))
+        parts.extend(read.isolating(version, key, indices, dead))
     if not parts:  # every record dead: no changes, in the columns' types
-        parts.append((_decode_part(events, key_rows, positions, columns, key, []), []))
+        parts.append((read.decode(columns, key, []), []))
     return AvroDecoded(
         _in_record_order(parts, sorted({s for s in sections if s is not None})),
         _dead_letters(values, keys, kafka, dead),
     )
 
 
-def _isolating(
-    events: list[dict[str, Any]],
-    key_rows: list[dict[str, Any]],
-    positions: pa.Table,
-    columns: list[Column],
-    key: list[str],
-    indices: list[int],
-    dead: dict[int, str],
-) -> list[tuple[Decoded, list[int]]]:
-    """The records at ``indices`` decoded together; when that is refused, each half on its own, down to
-    the refused record, which goes to ``dead`` with the reason."""
-    try:
-        return [(_decode_part(events, key_rows, positions, columns, key, indices), indices)]
-    except (Declined, pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-        if len(indices) == 1:
-            dead[indices[0]] = _reason(exc)
-            return []
-    half = len(indices) // 2
-    return [
-        *_isolating(events, key_rows, positions, columns, key, indices[:half], dead),
-        *_isolating(events, key_rows, positions, columns, key, indices[half:], dead),
-    ]
+@dataclass
+class _Read:
+    """The records of a task as read: their values, keys (where needed) and Kafka positions."""
+
+    events: list[dict[str, Any]]
+    key_rows: list[dict[str, Any]]
+    positions: pa.Table
+
+    def decode(self, columns: list[Column], key: list[str], indices: list[int]) -> Decoded:
+        """The records at ``indices`` laid out as parsed JSON envelopes, through the JSON path's checks."""
+        body = pa.struct(list(envelope_schema(columns))[1:])  # without "payload"
+        envelope = pa.Table.from_struct_array(pa.array([self.events[i] for i in indices], body))
+        by_name = {c.name: c for c in columns}
+        key_type = row_type([by_name[k] for k in key])
+        key_table = pa.Table.from_struct_array(pa.array([self.key_rows[i] for i in indices], key_type))
+        taken = self.positions.take(pa.array(indices, pa.int64()))
+        return decode_envelopes(envelope, key_table, taken, columns, key)
+
+    def isolating(
+        self, columns: list[Column], key: list[str], indices: list[int], dead: dict[int, str]
+    ) -> list[tuple[Decoded, list[int]]]:
+        """The records at ``indices`` decoded together; when that is refused, each half on its own,
+        down to the refused record, which goes to ``dead`` with the reason."""
+        try:
+            return [(self.decode(columns, key, indices), indices)]
+        except (Declined, pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            if len(indices) == 1:
+                dead[indices[0]] = _reason(exc)
+                return []
+        half = len(indices) // 2
+        return [
+            *self.isolating(columns, key, indices[:half], dead),
+            *self.isolating(columns, key, indices[half:], dead),
+        ]
 
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, Declined):
         return str(exc)
     return f"a value that does not fit its column's type: {type(exc).__name__}: {str(exc)[:300]}"
-
-
-def _decode_part(
-    events: list[dict[str, Any]],
-    key_rows: list[dict[str, Any]],
-    positions: pa.Table,
-    columns: list[Column],
-    key: list[str],
-    indices: list[int],
-) -> Decoded:
-    body = pa.struct(list(envelope_schema(columns))[1:])  # without "payload"
-    envelope = pa.Table.from_struct_array(pa.array([events[i] for i in indices], body))
-    by_name = {c.name: c for c in columns}
-    key_type = row_type([by_name[k] for k in key])
-    key_table = pa.Table.from_struct_array(pa.array([key_rows[i] for i in indices], key_type))
-    return decode_envelopes(envelope, key_table, positions.take(pa.array(indices, pa.int64())), columns, key)
 
 
 def _in_record_order(parts: list[tuple[Decoded, list[int]]], schemas: list[str]) -> Decoded:
