@@ -207,15 +207,26 @@ def spark_local_dirs(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(stack: Stack) -> Iterator[SparkSession]:
+def spark_classes() -> Path | None:
+    """The archive of Spark's classes the tests' drivers start from (tests/spark_jvm.py), written by
+    the first worker that needs it."""
+    from tests.spark_jvm import ensure_archive
+
+    return ensure_archive()
+
+
+@pytest.fixture(scope="session")
+def spark(stack: Stack, spark_classes: Path | None) -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
     from readers import spark_conf as reader_spark_conf
+    from tests.spark_jvm import driver_java_options
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("icesink-tests")
-    for key, value in reader_spark_conf().items():
+    conf = {**reader_spark_conf(), "spark.driver.extraJavaOptions": driver_java_options(short_lived=False)}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -45,6 +45,7 @@ from ops_helpers import (
 
 from service.metrics import INSTRUMENTS
 from service.sample import Change, SampleSource, ensure_topic, produce
+from tests.spark_jvm import driver_java_options
 
 LOG4J_JSON = REPO / "deploy" / "log4j2" / "log4j2-json.properties"
 COMMIT_FIELDS = ("table", "snapshot_id", "seq", "records", "bytes", "duration_s")
@@ -170,6 +171,7 @@ def bad_records(bootstrap: str, topic: str) -> None:
 
 def test_metrics_health_and_logs_of_a_real_run(
     stack: Any,
+    spark_classes: Any,
     rest_catalog: Any,
     pg_role: PgRole,
     unique_name: Callable[[str], str],
@@ -221,6 +223,7 @@ spark:
   master: local[2]
   conf:
     spark.ui.showConsoleProgress: "false"
+    spark.driver.extraJavaOptions: "{driver_java_options()}"
 metrics:
   prometheus_port: {metrics_port}
   otlp_endpoint: {otlp.endpoint}

@@ -21,6 +21,7 @@ from service.sample import Change, SampleSource, ensure_topic, produce
 from tests.cdc import CdcSource
 from tests.conftest import load_stack_env
 from tests.sink import host
+from tests.spark_jvm import driver_java_options
 
 REPO = Path(__file__).resolve().parents[2]
 ICESINK = [sys.executable, "-m", "service.cli"]
@@ -44,11 +45,6 @@ def change(key: int, name: str, source: dict[str, Any]) -> tuple[str, str]:
     """The (key, value) of a Debezium update of row (id, name) at a source position, with schemas."""
     payload = {"op": "u", "before": None, "after": {"id": key, "name": name}, "source": source}
     return json.dumps({"id": key}), json.dumps({"schema": CHANGE_SCHEMA, "payload": payload})
-
-
-# The test sinks' drivers are short-lived JVMs on a 2-core machine: the C1 compiler alone and the serial
-# collector start them in much less CPU than C2 and G1 (a production sink keeps the JVM's defaults).
-TEST_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def _environment(changes: Mapping[str, str | None] | None) -> dict[str, str]:
@@ -241,7 +237,10 @@ def new_sink(
         "txnlog": {"dsn": "${ICESINK_PG_DSN}"},
         "commit": {"trigger_interval": "1s"},
         "write": {"parallelism": 2},
-        "spark": {"master": "local[2]", "conf": {"spark.driver.memory": "1g", **TEST_JVM}},
+        "spark": {
+            "master": "local[2]",
+            "conf": {"spark.driver.memory": "1g", "spark.driver.extraJavaOptions": driver_java_options()},
+        },
     }
     for section, values in overrides.items():
         if isinstance(values, dict):
@@ -258,7 +257,9 @@ def new_sink(
 
 
 @pytest.fixture
-def make_sink(stack: Any, unique_name: Callable[[str], str], tmp_path: Path) -> Iterator[Callable[..., Sink]]:
+def make_sink(
+    stack: Any, spark_classes: Any, unique_name: Callable[[str], str], tmp_path: Path
+) -> Iterator[Callable[..., Sink]]:
     sinks: list[Sink] = []
 
     def make(*args: Any, **kwargs: Any) -> Sink:
