@@ -25,6 +25,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
+from service import scratch
 from service.commit.committer import Committer
 from service.commit.overlap import Commits
 from service.config import SinkConfig
@@ -120,8 +121,10 @@ class SinkJob:
         spark = build_spark(self.config)  # before the claim: a missing jar stops start-up here
         self.claim_and_recover()
         assert self.commit is not None and self.batches is not None and self.lease is not None
+        own = scratch.current()  # removed at the next start if this process is killed
         checkpoint = tempfile.mkdtemp(
-            prefix=f"icesink-{self.config.sink_id}-", dir=self.config.spark.checkpoint_dir
+            prefix=f"checkpoint-{self.config.sink_id}-",
+            dir=self.config.spark.checkpoint_dir or (own.root if own else None),
         )
         self.positions.checkpoint = checkpoint
         if until_caught_up:

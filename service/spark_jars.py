@@ -77,10 +77,11 @@ class SparkJars:
 
     origin: str  # the setting that named them, for messages
     conf: dict[str, str]  # settings for the session builder (spark.conf is applied after them)
-    files: tuple[str, ...] = ()  # jar files or URIs given to Spark as spark.jars
+    files: tuple[str, ...] = ()  # jar files or URIs given to Spark as spark.jars (or its class path)
     packages: tuple[str, ...] = ()  # Maven coordinates Spark resolves through Ivy
     ivy_home: Path | None = None
     classes: tuple[tuple[str, str], ...] = REQUIRED_CLASSES  # (class, artifact) the session must load
+    on_class_path: bool = False  # the files are on the driver's class path, not spark.jars
 
     @property
     def local_only(self) -> bool:
@@ -93,7 +94,8 @@ class SparkJars:
             ivy = f" (Ivy: {self.ivy_home})" if self.ivy_home else ""
             parts.append(f"spark.jars.packages {','.join(self.packages)}{ivy}")
         if self.files:
-            parts.append(f"spark.jars {','.join(self.files)}")
+            setting = "spark.driver.extraClassPath" if self.on_class_path else "spark.jars"
+            parts.append(f"{setting} {','.join(self.files)}")
         return f"{self.origin}: " + "; ".join(parts) if parts else f"{self.origin}: none"
 
 
@@ -142,13 +144,18 @@ def iceberg_coordinates() -> tuple[str, ...]:
 
 
 def resolve(
-    spark: SparkConfig, environ: Mapping[str, str] = os.environ, *, iceberg: bool = False
+    spark: SparkConfig, environ: Mapping[str, str] = os.environ, *, iceberg: bool = False, local: bool = False
 ) -> SparkJars:
     """The jars for this configuration (see the module's docstring); fetches the token provider if needed.
 
     ``spark.conf`` is applied last by the session builder, so its ``spark.jars`` wins over the others.
     ``iceberg`` (``icesink maintain``): the jars must also hold Iceberg's Spark runtime and AWS bundle;
     resolved from Maven coordinates, they are added to the packages.
+
+    ``local`` (a ``local[...]`` master): jar files named by ``spark.jars`` or ``$ICESINK_SPARK_JARS``
+    go on the driver's class path (``spark.driver.extraClassPath``), where the JVM reads them in place.
+    Given as ``spark.jars``, Spark would copy every one into the process's scratch (``spark-*/userFiles-*``,
+    116 MB for the image's jars) at each start, a copy a killed process leaves behind.
     """
     classes = REQUIRED_CLASSES + (ICEBERG_CLASSES if iceberg else ())
     packages = tuple(_split(spark.conf.get("spark.jars.packages", "")))
@@ -165,13 +172,25 @@ def resolve(
         origin, files = named[0] if named else ("spark.conf", [])
         if packages and origin != "spark.conf":
             origin += " and spark.conf"
+        on_class_path = (
+            local
+            and bool(files)
+            and origin != "spark.conf"
+            and "spark.driver.extraClassPath" not in spark.conf
+            and all(_local_path(f) is not None for f in files)
+        )
+        if on_class_path:
+            conf = {"spark.driver.extraClassPath": os.pathsep.join(str(_local_path(f)) for f in files)}
+        else:
+            conf = {"spark.jars": ",".join(files)} if files else {}
         return SparkJars(
             origin,
-            {"spark.jars": ",".join(files)} if files else {},
+            conf,
             files=tuple(files),
             packages=packages,
             ivy_home=ivy_home(spark) if packages else None,
             classes=classes,
+            on_class_path=on_class_path,
         )
     kafka_source, token_provider = kafka_source_coordinates()
     home = ivy_home(spark)

@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Mapping
 
+from pyspark import SparkContext
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
-from service import spark_jars
+from service import scratch, spark_jars
 from service.config import SinkConfig
 from service.spark_jars import SparkJarsError
 
@@ -54,9 +55,11 @@ def build_spark(
     """
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None)
-    spark_jars.check_files(jars)
     master = master or config.spark.master
+    jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=master.startswith("local"))
+    spark_jars.check_files(jars)
+    if SparkContext._active_spark_context is None:  # a JVM of this process's own is about to start
+        scratch.claim(config.spark)
     builder = (
         SparkSession.builder.master(master)
         .appName(config.spark.app_name or f"icesink-{config.sink_id}")

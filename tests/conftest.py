@@ -207,7 +207,7 @@ def spark_local_dirs(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @pytest.fixture(scope="session")
-def spark_classes() -> Path | None:
+def spark_classes(stack: Stack) -> Path | None:
     """The archive of Spark's classes the tests' drivers start from (tests/spark_jvm.py), written by
     the first worker that needs it."""
     from tests.spark_jvm import ensure_archive

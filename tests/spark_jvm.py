@@ -7,7 +7,8 @@ written by an earlier run instead (JDK 13+ dynamic CDS: ``-XX:ArchiveClassesAtEx
 JVM exits, ``-XX:SharedArchiveFile`` maps it): measured here, a driver's start and first two jobs take
 half the time (20 s -> 10.5 s, wall).
 
-The archive belongs to one JDK and one set of Spark jars: it is kept under ``.cache/cds`` with a name
+The archive belongs to one JDK, one set of Spark jars and one driver class path (the stack's jars,
+``$ICESINK_SPARK_JARS``, which a local-mode sink and the readers put there): it is kept under ``.cache/cds`` with a name
 made of both, written once (under a file lock: two pytest workers start together), by a small Spark
 job in a JVM that exits normally. A JVM given an archive that does not match its JDK or class path
 says so and runs without it (``-Xshare:auto``, the default), so a stale archive costs time, never a
@@ -39,6 +40,7 @@ spark = (SparkSession.builder.master("local[2]").appName("icesink-cds")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+         .config("spark.driver.extraClassPath", sys.argv[2])
          .config("spark.driver.extraJavaOptions", sys.argv[1]).getOrCreate())
 frame = spark.createDataFrame(pa.table({"k": [1, 2, 2], "v": ["a", "b", "c"]}).to_pandas())
 frame.groupBy("k").count().toArrow()
@@ -56,8 +58,13 @@ def _java_home() -> Path:
     return Path(java).resolve().parent.parent if java else Path("/nonexistent")
 
 
+def class_path() -> str:
+    """The driver class path of the tests' local-mode Spark sessions: the stack's jars."""
+    return os.pathsep.join(part for part in os.environ.get("ICESINK_SPARK_JARS", "").split(",") if part)
+
+
 def archive_path() -> Path:
-    """Where the archive of this JDK and these Spark jars is kept."""
+    """Where the archive of this JDK, these Spark jars and this class path is kept."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
@@ -65,6 +72,7 @@ def archive_path() -> Path:
     key = hashlib.sha256()
     key.update(release.read_bytes() if release.exists() else str(_java_home()).encode())
     key.update(pyspark.__version__.encode())
+    key.update(class_path().encode())
     for jar in sorted(jars.glob("*.jar")):
         key.update(f"{jar.name}:{jar.stat().st_size}".encode())
     return CDS_DIR / f"spark-{key.hexdigest()[:16]}.jsa"
@@ -86,7 +94,13 @@ def ensure_archive() -> Path | None:
         partial = archive.with_suffix(".partial")
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         done = subprocess.run(
-            [sys.executable, "-c", _WARM_UP, f"{SHORT_LIVED} -XX:ArchiveClassesAtExit={partial}"],
+            [
+                sys.executable,
+                "-c",
+                _WARM_UP,
+                f"{SHORT_LIVED} -XX:ArchiveClassesAtExit={partial}",
+                class_path(),
+            ],
             capture_output=True,
             text=True,
             env=env,

@@ -1,0 +1,121 @@
+"""The process's scratch on local disk: one directory of its own in each of Spark's local directories,
+and the removal of what killed processes left there.
+
+Spark removes its local directories (``spark-*``: the driver's files, PySpark's, ``blockmgr-*``: shuffle
+and spill files) in a shutdown hook, which a SIGKILL or an out-of-memory kill never runs. A sink that
+crash-loops in a pod whose scratch is an emptyDir (kept across container restarts) would fill it and
+have the pod evicted. So the process gives Spark directories of its own, ``icesink-<pid>-<random>``
+under each of the local directories Spark would have used (``SPARK_LOCAL_DIRS``, else
+``spark.local.dir``, else the system's temporary directory), holds a lock on a file in them for its
+life, and at start removes every such directory whose lock nobody holds: the owner is gone. The
+lock, not the process id, says so: ids are reused across container restarts. Spark's throwaway stream
+checkpoint goes in the same directory (unless ``spark.checkpoint_dir`` is set).
+
+The directories are given to Spark through ``SPARK_LOCAL_DIRS`` in the environment its JVM starts
+with (in local mode that variable wins over ``spark.local.dir``), so this runs before the session is
+built, once per process: a process whose Spark session is already running keeps its directories.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from service.config import SparkConfig
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "icesink-"
+LOCK = ".owner.lock"
+
+
+@dataclass
+class Scratch:
+    """The directories this process owns, and the open lock files that say so."""
+
+    directories: list[Path]
+    locks: list[IO[str]]
+
+    @property
+    def root(self) -> Path:
+        return self.directories[0]
+
+    def release(self) -> None:
+        for directory in self.directories:
+            shutil.rmtree(directory, ignore_errors=True)
+        for lock in self.locks:
+            lock.close()
+
+
+_current: Scratch | None = None
+
+
+def base_directories(spark: SparkConfig, environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where Spark would put its local directories: ``SPARK_LOCAL_DIRS``, ``spark.local.dir``, the
+    temporary directory (the first that is set)."""
+    listed = environ.get("SPARK_LOCAL_DIRS") or spark.conf.get("spark.local.dir") or tempfile.gettempdir()
+    return [Path(part.strip()) for part in listed.split(",") if part.strip()]
+
+
+def _is_stale(directory: Path) -> bool:
+    """Whether nobody holds the directory's lock (its owner is gone). A directory without a lock file
+    is being made right now, or was left before its lock was taken: the latter only by a kill within
+    microseconds, so it is left alone."""
+    try:
+        with open(directory / LOCK) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+    except OSError:
+        return False
+
+
+def remove_stale(base: Path) -> list[Path]:
+    """Remove the directories under ``base`` that processes now gone left behind; the removed ones."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for directory in base.iterdir():
+            if directory.name.startswith(PREFIX) and directory.is_dir() and _is_stale(directory):
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory)
+    return removed
+
+
+def claim(spark: SparkConfig, environ: MutableMapping[str, str] = os.environ) -> Scratch:
+    """This process's scratch directories (made once per process), the stale ones removed first; sets
+    ``SPARK_LOCAL_DIRS`` for the Spark JVM the process starts next."""
+    global _current
+    if _current is not None:
+        return _current
+    directories: list[Path] = []
+    locks: list[IO[str]] = []
+    for base in base_directories(spark, environ):
+        base.mkdir(parents=True, exist_ok=True)
+        for removed in remove_stale(base):
+            logger.info("removed %s, the scratch a stopped process left behind", removed)
+        directory = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}-", dir=base))
+        lock = open(directory / LOCK, "w")  # noqa: SIM115 - held open for the life of the process
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        directories.append(directory)
+        locks.append(lock)
+    environ["SPARK_LOCAL_DIRS"] = ",".join(str(d) for d in directories)
+    _current = Scratch(directories, locks)
+    atexit.register(_current.release)
+    return _current
+
+
+def current() -> Scratch | None:
+    """The scratch :func:`claim` made in this process, if any."""
+    return _current
