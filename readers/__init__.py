@@ -52,7 +52,9 @@ def spark_conf(env: Mapping[str, str] | None = None, catalog: str = "rest", core
     prefix = f"spark.sql.catalog.{catalog}"
     return {
         # On the class path, read in place: as spark.jars a local session copies them into its scratch.
-        "spark.driver.extraClassPath": os.pathsep.join(j for j in env["ICESINK_SPARK_JARS"].split(",") if j),
+        "spark.driver.extraClassPath": os.pathsep.join(
+            j.strip() for j in env["ICESINK_SPARK_JARS"].split(",") if j.strip()
+        ),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         prefix: "org.apache.iceberg.spark.SparkCatalog",
         f"{prefix}.type": "rest",

@@ -51,8 +51,21 @@ class Scratch:
         return self.directories[0]
 
     def release(self) -> None:
+        """Remove the directories, the lock file last: one a still-running JVM keeps writing to stays,
+        and is found stale at the next start."""
         for directory in self.directories:
-            shutil.rmtree(directory, ignore_errors=True)
+            if directory.is_dir():
+                for entry in directory.iterdir():
+                    if entry.name == LOCK:
+                        continue
+                    if entry.is_dir():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+                if [entry.name for entry in directory.iterdir()] == [LOCK]:
+                    with contextlib.suppress(OSError):
+                        (directory / LOCK).unlink()
+                        directory.rmdir()
         for lock in self.locks:
             lock.close()
 
@@ -68,9 +81,8 @@ def base_directories(spark: SparkConfig, environ: Mapping[str, str] = os.environ
 
 
 def _is_stale(directory: Path) -> bool:
-    """Whether nobody holds the directory's lock (its owner is gone). A directory without a lock file
-    is being made right now, or was left before its lock was taken: the latter only by a kill within
-    microseconds, so it is left alone."""
+    """Whether nobody holds the directory's lock (its owner is gone). A directory gets this service's
+    name only once its lock is held, so one without a lock file is not one of ours: left alone."""
     try:
         with open(directory / LOCK) as lock:
             try:
@@ -105,9 +117,13 @@ def claim(spark: SparkConfig, environ: MutableMapping[str, str] = os.environ) ->
         base.mkdir(parents=True, exist_ok=True)
         for removed in remove_stale(base):
             logger.info("removed %s, the scratch a stopped process left behind", removed)
-        directory = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}-", dir=base))
-        lock = open(directory / LOCK, "w")  # noqa: SIM115 - held open for the life of the process
+        # Made under another name and locked before it is given this service's name: a process starting
+        # at the same moment never sees it unlocked.
+        making = Path(tempfile.mkdtemp(prefix=".making-", dir=base))
+        lock = open(making / LOCK, "w")  # noqa: SIM115 - held open for the life of the process
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        directory = base / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        making.rename(directory)
         directories.append(directory)
         locks.append(lock)
     environ["SPARK_LOCAL_DIRS"] = ",".join(str(d) for d in directories)

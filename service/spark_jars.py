@@ -176,6 +176,7 @@ def resolve(
             local
             and bool(files)
             and origin != "spark.conf"
+            and not packages  # Ivy's jars go to Spark's own loader, which must see these too
             and "spark.driver.extraClassPath" not in spark.conf
             and all(_local_path(f) is not None for f in files)
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 
@@ -56,9 +57,11 @@ def build_spark(
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     master = master or config.spark.master
-    jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=master.startswith("local"))
+    # local[...] only: local-cluster[...] runs its executors in JVMs of their own.
+    local = re.fullmatch(r"local(\[.*\])?", master) is not None
+    jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=local)
     spark_jars.check_files(jars)
-    if SparkContext._active_spark_context is None:  # a JVM of this process's own is about to start
+    if SparkContext._gateway is None:  # this process's JVM is about to start (PySpark keeps it once up)
         scratch.claim(config.spark)
     builder = (
         SparkSession.builder.master(master)

@@ -97,5 +97,8 @@ def test_local_mode_reads_jar_files_in_place_and_other_masters_ship_them(tmp_pat
     assert given.conf == {"spark.jars": jars[0]}
     theirs = SparkConfig(conf={"spark.driver.extraClassPath": "/x.jar"})
     assert resolve(theirs, environ, local=True).conf == {"spark.jars": ",".join(jars)}
+    # With Ivy's packages (in Spark's own loader) the files go there too: one loader sees both.
+    packages = resolve(SparkConfig(conf={"spark.jars.packages": "org.example:a:1"}), environ, local=True)
+    assert packages.conf == {"spark.jars": ",".join(jars)}
     remote = resolve(SparkConfig(jars=["https://repo.example/a.jar"]), {}, local=True)
     assert remote.conf == {"spark.jars": "https://repo.example/a.jar"}
