@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
@@ -14,7 +14,9 @@ an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST
 (JDBC backend on the dev Postgres, warehouse on the S3 server) and Kafka Connect (standalone worker with
 Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database) and Trino (a single
 node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables) and a schema
-registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro).
+registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro)
+and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
+bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
 
 Only the standard library is used, so this runs with the venv's or the system's python3.
@@ -25,6 +27,8 @@ Environment knobs (all optional):
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
+  ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
+  ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
                          the newest JDK 24+ under /usr/lib/jvm)
   ICESINK_S3_SERVER      force minio | moto (default: the first that installs)
@@ -102,6 +106,12 @@ class Config:
     registry_management_port: int = field(
         default_factory=lambda: _env_int("ICESINK_REGISTRY_MANAGEMENT_PORT", 18086)
     )
+    # A Spark standalone master and two workers (each: an RPC port and a web UI port; the UIs answer the
+    # health probes).
+    spark_master_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_MASTER_PORT", 17077))
+    spark_master_ui_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_MASTER_UI_PORT", 18090))
+    spark_worker_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_WORKER_PORT", 17078))
+    spark_worker_ui_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_WORKER_UI_PORT", 18091))
     # Throwaway credentials of the local dev stack (nothing else uses them).
     pg_user: str = os.environ.get("ICESINK_PG_USER", "icesink")
     pg_password: str = os.environ.get("ICESINK_PG_PASSWORD", "icesink")
@@ -137,6 +147,10 @@ class Config:
     def registry_uri(self) -> str:
         """The registry's Confluent-compatible API (what source.schema_registry.url names)."""
         return f"http://{HOST}:{self.registry_port}/apis/ccompat/v7"
+
+    @property
+    def spark_master(self) -> str:
+        return f"spark://{HOST}:{self.spark_master_port}"
 
     def pg_dsn(self, db: str) -> str:
         return f"postgresql+psycopg://{self.pg_user}:{self.pg_password}@{HOST}:{self.pg_port}/{db}"
@@ -1285,6 +1299,129 @@ def registry_health() -> str:
     return f"Apicurio Registry {REGISTRY_VERSION}, {len(subjects)} subject(s)"
 
 
+# ---- a Spark standalone cluster: a master and two 1-core workers (pyspark's own distribution)
+
+SPARK_WORKERS = 2
+SPARK_WORKER_CORES = 1
+SPARK_WORKER_MEMORY = "1g"  # what the executors of one worker may take together
+
+
+def spark_home() -> Path:
+    """pyspark's directory in the venv: its jars are a Spark distribution's (master, worker, executor)."""
+    found = sorted((REPO / ".venv" / "lib").glob("python3*/site-packages/pyspark/jars"))
+    if not found:
+        raise StackError("pyspark is not installed in .venv: run scripts/bootstrap")
+    return found[-1].parent
+
+
+def spark_scala_version() -> str:
+    """The Scala version Spark is built for, from its spark-core jar's name (spark-core_2.13-4.1.3.jar)."""
+    for jar in (spark_home() / "jars").glob("spark-core_*.jar"):
+        return jar.name.split("_", 1)[1].split("-", 1)[0]
+    raise StackError(f"no spark-core jar in {spark_home() / 'jars'}")
+
+
+def spark_daemon(main: str, *args: str, options: tuple[str, ...] = ()) -> list[str]:
+    """A Spark daemon's command line: java straight on pyspark's jars (the distribution's `spark-class`
+    only builds this same command)."""
+    home = spark_home()
+    return [
+        java_bin(),
+        "-Xms64m",
+        "-Xmx256m",
+        *options,
+        "-cp",
+        f"{home / 'conf'}:{home / 'jars'}/*",
+        main,
+        *args,
+    ]
+
+
+def spark_environment(work: Path) -> dict[str, str]:
+    """A bare environment, as a cluster node has: nothing of the developer's shell (no venv, no
+    credentials, no PYSPARK_PYTHON), so what only the driver has shows up as a failure in the tests."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(work),
+        "JAVA_HOME": str(java_home()),
+        "SPARK_HOME": str(spark_home()),
+        # what a worker's launcher of executors needs to find the jars (spark-class sets it too)
+        "SPARK_SCALA_VERSION": spark_scala_version(),
+        "SPARK_LOCAL_DIRS": str(work / "local"),
+        "SPARK_LOG_DIR": str(work),
+    }
+
+
+def spark_master_start() -> subprocess.Popen[bytes]:
+    work = RUN / "spark-master"
+    work.mkdir(parents=True, exist_ok=True)
+    argv = spark_daemon(
+        "org.apache.spark.deploy.master.Master",
+        "--host",
+        HOST,
+        "--port",
+        str(CFG.spark_master_port),
+        "--webui-port",
+        str(CFG.spark_master_ui_port),
+    )
+    return spawn(SERVICES["spark-master"], argv, env=spark_environment(work), cwd=work)
+
+
+def spark_cluster_state() -> dict[str, object]:
+    state: dict[str, object] = json.loads(http_get(CFG.spark_master_ui_port, "/json/"))
+    return state
+
+
+def spark_master_health() -> str:
+    state = spark_cluster_state()
+    if state.get("status") != "ALIVE":
+        raise StackError(f"master status {state.get('status')}")
+    return f"Spark master {CFG.spark_master}, {state.get('aliveworkers', 0)} worker(s) alive"
+
+
+def spark_worker(n: int) -> tuple[int, int, Path]:
+    """Worker ``n`` (1-based): its RPC port, web UI port and work directory."""
+    return CFG.spark_worker_port + n - 1, CFG.spark_worker_ui_port + n - 1, RUN / f"spark-worker-{n}"
+
+
+def spark_worker_start(n: int) -> subprocess.Popen[bytes]:
+    port, ui_port, work = spark_worker(n)
+    (work / "local").mkdir(parents=True, exist_ok=True)
+    argv = spark_daemon(
+        "org.apache.spark.deploy.worker.Worker",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--webui-port",
+        str(ui_port),
+        "--cores",
+        str(SPARK_WORKER_CORES),
+        "--memory",
+        SPARK_WORKER_MEMORY,
+        "--work-dir",
+        str(work / "apps"),
+        CFG.spark_master,
+        # Each executor fetches its own copy of the application's jars into its directory: the
+        # directories of finished applications go after ten minutes.
+        options=(
+            "-Dspark.worker.cleanup.enabled=true",
+            "-Dspark.worker.cleanup.interval=120",
+            "-Dspark.worker.cleanup.appDataTtl=600",
+        ),
+    )
+    return spawn(SERVICES[f"spark-worker-{n}"], argv, env=spark_environment(work), cwd=work)
+
+
+def spark_worker_health(n: int) -> str:
+    port = spark_worker(n)[0]
+    workers = spark_cluster_state().get("workers")
+    for worker in workers if isinstance(workers, list) else []:
+        if worker.get("port") == port and worker.get("state") == "ALIVE":
+            return f"{worker.get('cores')} core(s), {worker.get('memory')} MB, registered with {CFG.spark_master}"
+    raise StackError(f"no alive worker on port {port} at the master")
+
+
 SERVICES: dict[str, Service] = {
     "postgres": Service(
         "postgres",
@@ -1301,7 +1438,22 @@ SERVICES: dict[str, Service] = {
     "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
     "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
     "registry": Service("registry", CFG.registry_port, "quarkus-run.jar", registry_start, registry_health),
+    "spark-master": Service(
+        "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
+    ),
+    **{
+        f"spark-worker-{n}": Service(
+            f"spark-worker-{n}",
+            spark_worker(n)[0],
+            f"--port {spark_worker(n)[0]} ",
+            lambda n=n: spark_worker_start(n),  # type: ignore[misc]
+            lambda n=n: spark_worker_health(n),  # type: ignore[misc]
+        )
+        for n in range(1, SPARK_WORKERS + 1)
+    },
 }
+
+SPARK_WORKER_NAMES = [f"spark-worker-{n}" for n in range(1, SPARK_WORKERS + 1)]
 
 
 def _sync_s3_marker() -> None:
@@ -1364,7 +1516,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     timeout = float(_env_int("ICESINK_STACK_TIMEOUT", 180))
     started = time.monotonic()
     # Start the independent servers together, then wait for each; the REST catalog needs Postgres and S3.
-    order = ["postgres", "s3", "kafka"]
+    order = ["postgres", "s3", "kafka", "spark-master"]
     for name in order:
         try:
             ensure_started(SERVICES[name])
@@ -1384,8 +1536,9 @@ def cmd_up(_: argparse.Namespace) -> int:
             return fail(svc, exc)
     pg_wal_level_warning()
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
-    # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside).
-    later = ["rest", "connect", "trino", "registry"]
+    # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
+    # Spark's workers (the master).
+    later = ["rest", "connect", "trino", "registry", *SPARK_WORKER_NAMES]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1447,7 +1600,17 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
-    for name in ("registry", "trino", "connect", "rest", "kafka", "s3", "postgres"):
+    for name in (
+        *SPARK_WORKER_NAMES,
+        "spark-master",
+        "registry",
+        "trino",
+        "connect",
+        "rest",
+        "kafka",
+        "s3",
+        "postgres",
+    ):
         stop(SERVICES[name])
     return 0
 
@@ -1493,6 +1656,8 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_CONNECT_URI": CFG.connect_uri,
         "ICESINK_TRINO_URI": CFG.trino_uri,
         "ICESINK_SCHEMA_REGISTRY_URL": CFG.registry_uri,
+        "ICESINK_SPARK_MASTER": CFG.spark_master,
+        "ICESINK_SPARK_MASTER_UI": f"http://{HOST}:{CFG.spark_master_ui_port}",
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),
         "ICESINK_S3_ENDPOINT": CFG.s3_endpoint,
         "ICESINK_WAREHOUSE": CFG.warehouse,

@@ -31,6 +31,7 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.kafka.retention import OffsetsGone
     from service.pipeline.routes import Unroutable
     from service.spark_jars import SparkJarsError
+    from service.spark_session import SparkUnavailable
 
     health = Health()
     if config.health.port is not None:
@@ -46,7 +47,14 @@ def _run(config: SinkConfig, args: argparse.Namespace) -> int:
     except (OffsetsGone, Unroutable) as exc:
         logger.error("stopping: %s", exc)
         return EXIT_CONFIG
-    except (SchemaError, SourceError, SparkJarsError, LogBehindTable, PlanUncommittable) as exc:
+    except (
+        SchemaError,
+        SourceError,
+        SparkJarsError,
+        SparkUnavailable,
+        LogBehindTable,
+        PlanUncommittable,
+    ) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping
 
@@ -33,6 +34,43 @@ CHECKPOINT_WRITES = {
 }
 
 
+class SparkUnavailable(RuntimeError):
+    """No master of ``spark.master`` answers: the sink stops before it claims anything.
+
+    Without this check a standalone driver starts anyway and its scheduler retries the registration
+    for about a minute before it gives up, and a Kubernetes master's errors come later still."""
+
+
+# How long a master's port has to answer (each address of an HA list).
+MASTER_TIMEOUT_S = 10.0
+
+
+def check_master(master: str, timeout_s: float = MASTER_TIMEOUT_S) -> str:
+    """That a cluster's master answers on its port (``spark://host:port[,host:port]`` and
+    ``k8s://https://host:port``); a local master needs no server. Returns what answered."""
+    if master.startswith("spark://"):
+        addresses = master.removeprefix("spark://").split(",")
+    elif master.startswith("k8s://"):
+        api = master.removeprefix("k8s://")
+        addresses = [api.split("://", 1)[-1].split("/", 1)[0]]
+        if ":" not in addresses[0]:
+            addresses[0] += ":443" if api.startswith("https://") or "://" not in api else ":80"
+    else:
+        return f"{master}: runs in this process"
+    problems = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return f"{master}: {address} answers"
+        except (OSError, ValueError) as exc:
+            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    raise SparkUnavailable(
+        f"spark.master {master}: no master answers ({'; '.join(problems)}); start the cluster's master "
+        f"or point spark.master at one that runs"
+    )
+
+
 def sql_literal(text: str) -> str:
     """``text`` as a Spark SQL string literal (backslashes and quotes escaped)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -52,7 +90,8 @@ def build_spark(
     its SQL extensions, which the maintenance procedures (``CALL <catalog>.system...``) need.
 
     A jar that is missing, can't be fetched or resolved, or lacks a class the Kafka source needs raises
-    :class:`SparkJarsError` here: the sink builds its session before it claims anything.
+    :class:`SparkJarsError` here, a cluster master that does not answer :class:`SparkUnavailable`: the
+    sink builds its session before it claims anything.
     """
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -61,6 +100,7 @@ def build_spark(
     local = re.fullmatch(r"local(\[.*\])?", master) is not None
     jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=local)
     spark_jars.check_files(jars)
+    check_master(master)
     if SparkContext._gateway is None:  # this process's JVM is about to start (PySpark keeps it once up)
         scratch.claim(config.spark)
     builder = (
@@ -108,4 +148,6 @@ def build_spark(
         spark.stop()
         raise
     logger.info("Spark jars: %s", jars.describe())
+    context = spark.sparkContext
+    logger.info("Spark %s, master %s, application %s", spark.version, context.master, context.applicationId)
     return spark

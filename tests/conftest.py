@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from pyiceberg.catalog.rest import RestCatalog
     from pyspark.sql import SparkSession
 
+    from tests.cluster import SparkCluster
+
 STACK_VARS = (
     "ICESINK_KAFKA_BOOTSTRAP",
     "ICESINK_PG_DSN",
@@ -195,6 +197,29 @@ def trino(stack: Stack) -> str:
             pytrace=False,
         )
     return uri
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack: Stack) -> SparkCluster:
+    """The stack's Spark standalone cluster (a master, two 1-core workers); fails loudly unless both
+    workers are alive."""
+    from tests.cluster import WORKERS, cluster_from_environment
+
+    load_stack_env(("ICESINK_SPARK_MASTER", "ICESINK_SPARK_MASTER_UI"))
+    cluster = cluster_from_environment()
+    try:
+        alive = len(cluster.alive_workers())
+    except Exception as exc:
+        pytest.fail(
+            f"the Spark master at {cluster.ui} does not answer ({exc}): `dev/stack up`", pytrace=False
+        )
+    if alive < WORKERS:
+        pytest.fail(
+            f"the Spark master at {cluster.ui} has {alive} alive worker(s), not {WORKERS}: `dev/stack up` "
+            "(logs .cache/run/logs/spark-*.log)",
+            pytrace=False,
+        )
+    return cluster
 
 
 @pytest.fixture(scope="session", autouse=True)

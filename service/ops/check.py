@@ -98,9 +98,16 @@ def _spark_jars(config: SinkConfig) -> str:
     return detail
 
 
+def _spark_master(config: SinkConfig) -> str:
+    from service.spark_session import check_master
+
+    return check_master(config.spark.master)
+
+
 CHECKS: list[tuple[str, Callable[[SinkConfig], str]]] = [
     ("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
     ("spark jars", _spark_jars),
+    ("spark master", _spark_master),
     ("kafka", _kafka),
     ("txnlog (postgres)", _txnlog),
     ("committed offsets", _offsets),

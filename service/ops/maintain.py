@@ -29,7 +29,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
     from service.ops.common import command_owner
     from service.retrying import brief
     from service.spark_jars import SparkJarsError
-    from service.spark_session import build_spark
+    from service.spark_session import SparkUnavailable, build_spark
     from service.txnlog_client import open_txnlog
     from txnlog import Fenced
 
@@ -51,7 +51,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
         return EXIT_CONFIG
     try:
         spark = build_spark(config, iceberg=spark_catalog)
-    except SparkJarsError as exc:
+    except (SparkJarsError, SparkUnavailable) as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
     metrics = setup_metrics(config.metrics, config.sink_id, "")

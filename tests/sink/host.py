@@ -17,8 +17,8 @@ a subprocess would have written), or to the host's own log between runs.
 A run is a process, as before, when
 * the test gives it variables of its own (a fail point, a credential, no jar list, ...);
 * the host is busy with another run (two sinks started at once);
-* its configuration does not load, exports metrics, serves health probes, or names other Spark
-  settings (master, jars, conf) than the run that started the host's session;
+* its configuration does not load, exports metrics, serves health probes, runs on a cluster, or names
+  other Spark settings (master, jars, conf) than the run that started the host's session;
 * it is a command a test may kill or signal (``icesink run`` without ``--until-caught-up`` started in
   the background, ``maintain``), or one with a Spark session of its own (``check``, ``maintain``).
 The host runs with the pytest process's environment, as a sink process would; it is started again
@@ -269,6 +269,8 @@ class _Host:
             return "it exports metrics"
         if config.health.port is not None:
             return "it serves health probes"
+        if not config.spark.master.startswith("local"):
+            return f"it runs on a cluster ({config.spark.master}): an application of its own, ended with it"
         spark = config.spark.model_dump(exclude={"app_name", "checkpoint_dir"})
         key = json.dumps(spark, sort_keys=True, default=str)
         if self.spark_key is not None and key != self.spark_key:
