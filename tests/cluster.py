@@ -15,6 +15,8 @@ from typing import Any
 from tests.spark_jvm import driver_java_options
 
 WORKERS = 2  # dev/stack's
+REPO = Path(__file__).resolve().parent.parent
+RUN = Path(os.environ.get("ICESINK_RUN_DIR") or REPO / ".cache" / "run")
 # The executors' JVMs start the way the drivers' do in the tests: C1 only, the serial collector.
 EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -62,19 +64,51 @@ class SparkCluster:
             found[worker["id"]] = ran
         return found
 
-    def executor_pids(self, app_id: str) -> list[int]:
-        """The executor JVMs of ``app_id`` running on this machine."""
-        pids = []
+    def executor_pids(self, app_id: str) -> dict[str, int]:
+        """The executor JVMs of ``app_id`` running on this machine: executor id → pid."""
+        pids = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if "CoarseGrainedExecutorBackend" in cmdline and f"--app-id {app_id} " in cmdline:
-                pids.append(int(entry.name))
+            if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv and app_id in argv:
+                pids[argv[argv.index("--executor-id") + 1]] = int(entry.name)
         return pids
+
+
+@dataclass(frozen=True)
+class ExecutorLog:
+    """An executor's stderr in its worker's directory (dev/stack's workers: spark-worker-<n>/apps)."""
+
+    worker: int  # dev/stack's worker number
+    executor: str  # the executor's id in its application
+    path: Path
+
+    def lines(self) -> list[str]:
+        return self.path.read_text(errors="replace").splitlines()
+
+    def tasks_in_flight(self) -> list[tuple[str, str]]:
+        """The (task, TID) pairs the executor started and has not finished: ("3.0 in stage 12.0", "31")."""
+        started: dict[str, str] = {}
+        ended: set[str] = set()
+        for line in self.lines():
+            if match := re.search(r"Running task (\S+ in stage \S+) \(TID (\d+)\)", line):
+                started[match[2]] = match[1]
+            elif match := re.search(r"(?:Finished|Exception in) task \S+ in stage \S+ \(TID (\d+)\)", line):
+                ended.add(match[1])
+        return [(task, tid) for tid, task in started.items() if tid not in ended]
+
+
+def executor_logs(app_id: str) -> list[ExecutorLog]:
+    """The stderr files of ``app_id``'s executors, on every worker of the stack."""
+    found = []
+    for path in sorted(RUN.glob(f"spark-worker-*/apps/{app_id}/*/stderr")):
+        worker = int(path.parents[3].name.rsplit("-", 1)[1])
+        found.append(ExecutorLog(worker, path.parent.name, path))
+    return found
 
 
 def application_id(log: str) -> str:
