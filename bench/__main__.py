@@ -452,6 +452,7 @@ class Bench:
                 "spark-reader": {"source": {"reader": "spark"}},
                 "spark-decoder": {"source": {"decoder": "spark"}},
                 "equality": {"table": {"delete_format": "equality"}},
+                "cluster": {"spark": cluster_spark()},
             }
             if self.args.avro:
                 settings["avro"] = {
@@ -607,6 +608,20 @@ class Bench:
         return out
 
 
+def cluster_spark() -> dict[str, Any]:
+    """The ``spark`` section of a sink on the stack's standalone cluster (tests/cluster.py's settings):
+    the driver on loopback, executors that fit a 1 GB worker."""
+    return {
+        "master": os.environ.get("ICESINK_SPARK_MASTER", ""),
+        "conf": {
+            "spark.driver.memory": "2g",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executor.memory": "768m",
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--size", choices=sorted(SIZES), default="small")
@@ -656,6 +671,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run each icesink configuration on the same events in Avro (Confluent wire format, "
         "schemas in the stack's registry), side by side with the JSON run",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run each icesink configuration on the stack's Spark standalone cluster (a master, two "
+        "1-core workers: $ICESINK_SPARK_MASTER), side by side with local[2]; the cluster's workers use the "
+        "same two cores, so this measures what the cluster costs, not what more machines give",
     )
     p.add_argument(
         "--equality",
