@@ -222,8 +222,8 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
     assert 'selector="app.kubernetes.io/instance=$release,app.kubernetes.io/component=sink"' in chaos
     services = by_kind(docs, "Service")
     assert [selected(s["spec"]["selector"]) for s in services if component_of(s) is None] == [["sink"]]
-    for service in services:  # the sink's, and the maintainer's (metrics only) in Deployment mode
-        assert len(selected(service["spec"]["selector"])) == 1
+    for service in services:  # the sink's, the maintainer's (metrics only) in Deployment mode, and the
+        assert len(selected(service["spec"]["selector"])) == 1  # Spark driver's (the sink's pod)
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         assert selected(pdb["spec"]["selector"]["matchLabels"]) == ["sink"]
     policies = by_kind(docs, "NetworkPolicy")
@@ -236,8 +236,16 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
         covered = [name for p in policies for name in selected(p["spec"]["podSelector"]["matchLabels"])]
         assert sorted(covered) == sorted(pods)
     for monitor in by_kind(docs, "ServiceMonitor"):
-        for service in services:  # scrapes the sink's metrics and the maintainer's
+        (excluded,) = monitor["spec"]["selector"]["matchExpressions"]
+        assert excluded == {
+            "key": "app.kubernetes.io/component",
+            "operator": "NotIn",
+            "values": ["spark-driver"],
+        }
+        for service in services:  # scrapes the sink's metrics and the maintainer's, not the driver's ports
             labels = service["metadata"]["labels"]
+            if labels.get(excluded["key"]) in excluded["values"]:
+                continue
             assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
             port_names = {p["name"] for p in service["spec"]["ports"]}
             assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
@@ -290,6 +298,60 @@ def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any
     assert executor["command"] == ["/opt/icesink/bin/spark-executor"]
     assert "/opt/icesink/bin/spark-executor" in (REPO / "Dockerfile").read_text()
     assert executor["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_kubernetes_executors_get_what_the_standalone_cluster_needed(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """The executor pods get what the sink's executors needed on the stack's standalone cluster
+    (tests/sink/test_cluster.py; workers with an empty environment): the driver's address set for
+    them, the same Python as the driver and Spark's jars from the image, and nothing else of the
+    sink's: no credential, no token, no configuration file (the tasks carry what they need).
+    The driver's headless Service lists its pod before it is ready; RBAC covers only pods and their
+    ConfigMap."""
+    from tests.cluster import SparkCluster
+
+    docs = rendered["spark-kubernetes-values"]
+    (container,) = sink_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    env = container_env(container)
+    config = config_file(one(docs, "ConfigMap"), container["args"], env, tmp_path)
+    proven = SparkCluster("spark://127.0.0.1:7077", "http://127.0.0.1:8080").spark_settings()["conf"]
+    needed = ("spark.driver.host", "spark.driver.bindAddress", "spark.executor.memory")
+    assert all(key in proven for key in needed)
+    conf = config.spark.conf
+    assert conf["spark.driver.host"] == env["POD_IP"] and conf["spark.driver.bindAddress"] == "0.0.0.0"
+    assert (
+        conf["spark.executor.memory"]
+        == values_of("spark-kubernetes-values")["spark"]["kubernetes"]["executor"]["memory"]
+    )
+    assert conf["spark.kubernetes.driver.ownPersistentVolumeClaim"] == "false"
+    # The same interpreter on both sides: PySpark gives the executors the driver's (the image's).
+    dockerfile = (REPO / "Dockerfile").read_text()
+    python = "/opt/icesink/venv/bin/python"
+    assert f"PYSPARK_PYTHON={python}" in dockerfile
+    launcher = (REPO / "deploy" / "docker" / "spark-executor.sh").read_text()
+    assert f"python=${{PYSPARK_PYTHON:-{python}}}" in launcher
+    assert 'classpath="${SPARK_CONF_DIR:-$spark_home/conf}:$spark_home/jars/*"' in launcher
+    # Nothing of the sink's own: no variable from its Secret, no mounted file, no token.
+    template = yaml.safe_load(one(docs, "ConfigMap")["data"]["executor-pod-template.yaml"])
+    (executor,) = template["spec"]["containers"]
+    assert "env" not in executor and "envFrom" not in executor
+    assert [m["mountPath"] for m in executor["volumeMounts"]] == ["/tmp"]
+    assert [v["name"] for v in template["spec"]["volumes"]] == ["tmp"]
+    assert template["spec"]["automountServiceAccountToken"] is False
+    assert executor["securityContext"] == container["securityContext"]
+    # The driver's headless Service: its ports, its pod listed before it is ready.
+    driver = next(s for s in by_kind(docs, "Service") if component_of(s) == "spark-driver")
+    assert driver["spec"]["clusterIP"] == "None" and driver["spec"]["publishNotReadyAddresses"] is True
+    ports = {p["name"]: p["port"] for p in driver["spec"]["ports"]}
+    assert ports == {
+        "spark-driver": int(conf["spark.driver.port"]),
+        "spark-blocks": int(conf["spark.blockManager.port"]),
+    }
+    container_ports = {p["name"] for p in container["ports"]}
+    assert {p["targetPort"] for p in driver["spec"]["ports"]} <= container_ports
+    role = one(docs, "Role")
+    assert sorted(r for rule in role["rules"] for r in rule["resources"]) == ["configmaps", "pods"]
 
 
 MAINTENANCE_CASES = {"maintenance-cronjob-values": "cronjob", "maintenance-deployment-values": "deployment"}
