@@ -13,7 +13,7 @@ BENCH_ARGS ?= --size small
 help:
 	@echo "make demo        install what is missing, start the local stack, run the sink demo"
 	@echo "make test        install what is missing, start the local stack, run the test suite"
-	@echo "make chaos       the fault-injection suite (kills, zombies, outages, maintenance races; ~35 min; restarts servers)"
+	@echo "make chaos       the fault-injection suite (kills, zombies, outages, maintenance races, cluster kills; ~40 min; restarts servers)"
 	@echo "make bench       icesink vs MERGE INTO / writeStream / the ceiling (BENCH_ARGS=\"--size medium\")"
 	@echo "make lint        ruff + mypy"
 	@echo "make bootstrap   apt packages, .venv, dev stack downloads (idempotent)"
