@@ -14,6 +14,10 @@ checkpoint goes in the same directory (unless ``spark.checkpoint_dir`` is set).
 The directories are given to Spark through ``SPARK_LOCAL_DIRS`` in the environment its JVM starts
 with (in local mode that variable wins over ``spark.local.dir``), so this runs before the session is
 built, once per process: a process whose Spark session is already running keeps its directories.
+The driver JVM's own temporary directory (``java.io.tmpdir``, :func:`with_java_tmpdir`) is the same
+directory: what the JVM's libraries unpack there at every start (lz4's and zstd's native libraries,
+Spark's empty ``spark-*`` and ``artifacts-*`` directories) would otherwise pile up in the system's
+temporary directory, one set per kill.
 """
 
 from __future__ import annotations
@@ -130,6 +134,18 @@ def claim(spark: SparkConfig, environ: MutableMapping[str, str] = os.environ) ->
     _current = Scratch(directories, locks)
     atexit.register(_current.release)
     return _current
+
+
+JAVA_TMPDIR = "-Djava.io.tmpdir="
+
+
+def with_java_tmpdir(java_options: str | None, scratch: Scratch) -> str:
+    """The driver's ``spark.driver.extraJavaOptions`` with its temporary directory in ``scratch``
+    (options that already name one are kept as they are)."""
+    options = java_options or ""
+    if JAVA_TMPDIR in options:
+        return options
+    return f"{options} {JAVA_TMPDIR}{scratch.root}".strip()
 
 
 def current() -> Scratch | None:

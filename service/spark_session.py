@@ -101,8 +101,9 @@ def build_spark(
     jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=local)
     spark_jars.check_files(jars)
     check_master(master)
+    own = None
     if SparkContext._gateway is None:  # this process's JVM is about to start (PySpark keeps it once up)
-        scratch.claim(config.spark)
+        own = scratch.claim(config.spark)
     builder = (
         SparkSession.builder.master(master)
         .appName(config.spark.app_name or f"icesink-{config.sink_id}")
@@ -122,7 +123,11 @@ def build_spark(
     extensions: dict[str, str] = {}
     if iceberg is not None:
         extensions = {"spark.sql.extensions": ICEBERG_EXTENSIONS, "spark.redaction.regex": REDACTION}
-    for key, value in {**CHECKPOINT_WRITES, **jars.conf, **extensions, **config.spark.conf}.items():
+    settings = {**CHECKPOINT_WRITES, **jars.conf, **extensions, **config.spark.conf}
+    if own is not None:
+        java_options = "spark.driver.extraJavaOptions"
+        settings[java_options] = scratch.with_java_tmpdir(settings.get(java_options), own)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()

@@ -71,6 +71,8 @@ def test_a_sink_killed_twenty_times_keeps_one_scratch_directory_without_jars(
         assert run.process.returncode == -signal.SIGKILL, run.process.returncode
         left = own[0]
         assert left.is_dir() and any(left.glob("spark-*")), "the kill left no scratch behind to remove"
+        # the driver JVM's temporary directory is there too (Spark's session makes its artifacts-*)
+        assert any(left.glob("artifacts-*")), sorted(p.name for p in left.iterdir())
         print(f"run {number}: killed with {size / 1e3:.0f} kB of scratch in {left.name}")
         sink.produce(100)
     left_in_all = _size(local)

@@ -102,3 +102,10 @@ def test_local_mode_reads_jar_files_in_place_and_other_masters_ship_them(tmp_pat
     assert packages.conf == {"spark.jars": ",".join(jars)}
     remote = resolve(SparkConfig(jars=["https://repo.example/a.jar"]), {}, local=True)
     assert remote.conf == {"spark.jars": "https://repo.example/a.jar"}
+
+
+def test_the_driver_jvms_temporary_directory_is_the_scratch(tmp_path: Path) -> None:
+    own = scratch.Scratch([tmp_path / "icesink-1-abc"], [])
+    assert scratch.with_java_tmpdir(None, own) == f"-Djava.io.tmpdir={tmp_path / 'icesink-1-abc'}"
+    assert scratch.with_java_tmpdir("-XX:+UseSerialGC", own).startswith("-XX:+UseSerialGC -Djava.io.tmpdir=")
+    assert scratch.with_java_tmpdir("-Djava.io.tmpdir=/mine", own) == "-Djava.io.tmpdir=/mine"  # theirs kept
