@@ -609,8 +609,8 @@ class Bench:
 
 
 def cluster_spark() -> dict[str, Any]:
-    """The ``spark`` section of a sink on the stack's standalone cluster (tests/cluster.py's settings):
-    the driver on loopback, executors that fit a 1 GB worker."""
+    """The ``spark`` section of a sink on the stack's standalone cluster: the driver on loopback with
+    the bench's driver memory, executors that fit a 1 GB worker (the tests' cluster sinks use less)."""
     return {
         "master": os.environ.get("ICESINK_SPARK_MASTER", ""),
         "conf": {
@@ -675,9 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cluster",
         action="store_true",
-        help="also run each icesink configuration on the stack's Spark standalone cluster (a master, two "
-        "1-core workers: $ICESINK_SPARK_MASTER), side by side with local[2]; the cluster's workers use the "
-        "same two cores, so this measures what the cluster costs, not what more machines give",
+        help="also run icesink-upsert and icesink-append on the stack's Spark standalone cluster (a master, "
+        "two 1-core workers: $ICESINK_SPARK_MASTER), side by side with local[2]; the cluster's workers use "
+        "the same two cores, so this measures what the cluster costs, not what more machines give",
     )
     p.add_argument(
         "--equality",

@@ -45,16 +45,24 @@ class SparkUnavailable(RuntimeError):
 MASTER_TIMEOUT_S = 10.0
 
 
+def _with_port(address: str, default: int) -> str:
+    """``host[:port]`` or ``[v6]:port``, with the default port when it names none."""
+    host_end = address.rfind("]")
+    return address if ":" in address[host_end + 1 :] else f"{address}:{default}"
+
+
 def check_master(master: str, timeout_s: float = MASTER_TIMEOUT_S) -> str:
     """That a cluster's master answers on its port (``spark://host:port[,host:port]`` and
-    ``k8s://https://host:port``); a local master needs no server. Returns what answered."""
+    ``k8s://https://host:port``); a local master needs no server. Returns what answered.
+
+    A port that accepts a connection is all it checks: a master that answers and then refuses the
+    application fails in Spark's own words, a minute later."""
     if master.startswith("spark://"):
-        addresses = master.removeprefix("spark://").split(",")
+        addresses = [_with_port(a.strip(), 7077) for a in master.removeprefix("spark://").split(",")]
     elif master.startswith("k8s://"):
         api = master.removeprefix("k8s://")
-        addresses = [api.split("://", 1)[-1].split("/", 1)[0]]
-        if ":" not in addresses[0]:
-            addresses[0] += ":443" if api.startswith("https://") or "://" not in api else ":80"
+        plain = api.startswith("http://")
+        addresses = [_with_port(api.split("://", 1)[-1].split("/", 1)[0], 80 if plain else 443)]
     else:
         return f"{master}: runs in this process"
     problems = []

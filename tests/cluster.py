@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.spark_jvm import driver_java_options
+from tests.spark_jvm import SHORT_LIVED, driver_java_options
 
 WORKERS = 2  # dev/stack's
 REPO = Path(__file__).resolve().parent.parent
 RUN = Path(os.environ.get("ICESINK_RUN_DIR") or REPO / ".cache" / "run")
-# The executors' JVMs start the way the drivers' do in the tests: C1 only, the serial collector.
-EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _get(url: str) -> Any:
@@ -49,9 +47,15 @@ class SparkCluster:
                 "spark.driver.host": "127.0.0.1",
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executor.memory": "512m",
-                "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTIONS,
+                # the executors' JVMs start the way the tests' drivers do
+                "spark.executor.extraJavaOptions": SHORT_LIVED,
             },
         }
+
+    def run(self, sink: Any) -> Any:
+        """``sink`` (tests/sink/conftest.py's Sink) with its Spark on this cluster."""
+        sink.config["spark"] = self.spark_settings()
+        return sink
 
     def executors(self, app_id: str) -> dict[str, list[dict[str, Any]]]:
         """The executors of ``app_id`` each worker ran or runs, by the worker's id."""
@@ -100,6 +104,15 @@ class ExecutorLog:
             elif match := re.search(r"(?:Finished|Exception in) task \S+ in stage \S+ \(TID (\d+)\)", line):
                 ended.add(match[1])
         return [(task, tid) for tid, task in started.items() if tid not in ended]
+
+
+def tasks_by_worker(app_id: str) -> dict[int, int]:
+    """How many tasks ``app_id``'s executors started on each worker (from their logs)."""
+    counts: dict[int, int] = {}
+    for log in executor_logs(app_id):
+        started = sum("Running task " in line for line in log.lines())
+        counts[log.worker] = counts.get(log.worker, 0) + started
+    return counts
 
 
 def executor_logs(app_id: str) -> list[ExecutorLog]:

@@ -222,8 +222,8 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
     assert 'selector="app.kubernetes.io/instance=$release,app.kubernetes.io/component=sink"' in chaos
     services = by_kind(docs, "Service")
     assert [selected(s["spec"]["selector"]) for s in services if component_of(s) is None] == [["sink"]]
-    for service in services:  # the sink's, the maintainer's (metrics only) in Deployment mode, and the
-        assert len(selected(service["spec"]["selector"])) == 1  # Spark driver's (the sink's pod)
+    for service in services:  # the sink's, and the maintainer's (metrics only) in Deployment mode
+        assert len(selected(service["spec"]["selector"])) == 1
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         assert selected(pdb["spec"]["selector"]["matchLabels"]) == ["sink"]
     policies = by_kind(docs, "NetworkPolicy")
@@ -236,16 +236,8 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
         covered = [name for p in policies for name in selected(p["spec"]["podSelector"]["matchLabels"])]
         assert sorted(covered) == sorted(pods)
     for monitor in by_kind(docs, "ServiceMonitor"):
-        (excluded,) = monitor["spec"]["selector"]["matchExpressions"]
-        assert excluded == {
-            "key": "app.kubernetes.io/component",
-            "operator": "NotIn",
-            "values": ["spark-driver"],
-        }
-        for service in services:  # scrapes the sink's metrics and the maintainer's, not the driver's ports
+        for service in services:  # scrapes the sink's metrics and the maintainer's
             labels = service["metadata"]["labels"]
-            if labels.get(excluded["key"]) in excluded["values"]:
-                continue
             assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
             port_names = {p["name"] for p in service["spec"]["ports"]}
             assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
@@ -304,26 +296,19 @@ def test_kubernetes_executors_get_what_the_standalone_cluster_needed(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     """The executor pods get what the sink's executors needed on the stack's standalone cluster
-    (tests/sink/test_cluster.py; workers with an empty environment): the driver's address set for
-    them, the same Python as the driver and Spark's jars from the image, and nothing else of the
-    sink's: no credential, no token, no configuration file (the tasks carry what they need).
-    The driver's headless Service lists its pod before it is ready; RBAC covers only pods and their
-    ConfigMap."""
-    from tests.cluster import SparkCluster
-
+    (tests/sink/test_cluster.py: the driver's address, the same Python as the driver, Spark's jars)
+    and nothing of the sink's own: no credential, no token, no configuration file (the tasks carry
+    what they need). They call back to the driver's pod IP (during a rolling update two sink pods
+    stand behind any one name, and an executor must reach the driver that started it), so the driver
+    needs no Service. RBAC covers only pods and their ConfigMap, PVCs only when asked for."""
     docs = rendered["spark-kubernetes-values"]
     (container,) = sink_deployment(docs)["spec"]["template"]["spec"]["containers"]
     env = container_env(container)
     config = config_file(one(docs, "ConfigMap"), container["args"], env, tmp_path)
-    proven = SparkCluster("spark://127.0.0.1:7077", "http://127.0.0.1:8080").spark_settings()["conf"]
-    needed = ("spark.driver.host", "spark.driver.bindAddress", "spark.executor.memory")
-    assert all(key in proven for key in needed)
     conf = config.spark.conf
     assert conf["spark.driver.host"] == env["POD_IP"] and conf["spark.driver.bindAddress"] == "0.0.0.0"
-    assert (
-        conf["spark.executor.memory"]
-        == values_of("spark-kubernetes-values")["spark"]["kubernetes"]["executor"]["memory"]
-    )
+    executor_values = values_of("spark-kubernetes-values")["spark"]["kubernetes"]["executor"]
+    assert conf["spark.executor.memory"] == executor_values["memory"]
     assert conf["spark.kubernetes.driver.ownPersistentVolumeClaim"] == "false"
     # The same interpreter on both sides: PySpark gives the executors the driver's (the image's).
     dockerfile = (REPO / "Dockerfile").read_text()
@@ -340,16 +325,6 @@ def test_kubernetes_executors_get_what_the_standalone_cluster_needed(
     assert [v["name"] for v in template["spec"]["volumes"]] == ["tmp"]
     assert template["spec"]["automountServiceAccountToken"] is False
     assert executor["securityContext"] == container["securityContext"]
-    # The driver's headless Service: its ports, its pod listed before it is ready.
-    driver = next(s for s in by_kind(docs, "Service") if component_of(s) == "spark-driver")
-    assert driver["spec"]["clusterIP"] == "None" and driver["spec"]["publishNotReadyAddresses"] is True
-    ports = {p["name"]: p["port"] for p in driver["spec"]["ports"]}
-    assert ports == {
-        "spark-driver": int(conf["spark.driver.port"]),
-        "spark-blocks": int(conf["spark.blockManager.port"]),
-    }
-    container_ports = {p["name"] for p in container["ports"]}
-    assert {p["targetPort"] for p in driver["spec"]["ports"]} <= container_ports
     role = one(docs, "Role")
     assert sorted(r for rule in role["rules"] for r in rule["resources"]) == ["configmaps", "pods"]
 
@@ -675,3 +650,23 @@ def test_maintenance_options_render(rendered: dict[str, list[dict[str, Any]]], t
     assert spark["spark.sql.catalog.icesink.catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
     assert spark["spark.sql.catalog.icesink.jdbc.password"] == "pw"  # from the Secret, at run time
     assert "jdbc.password: ${CATALOG_PASSWORD}" in one(docs, "ConfigMap")["data"]["maintain.yaml"]
+
+
+def test_executor_volumes_claimed_on_demand_get_their_rights(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """spark.kubernetes.persistentVolumeClaims: the Role grants claims and the driver may own them."""
+    values = values_of("spark-kubernetes-values")
+    values["spark"]["kubernetes"]["persistentVolumeClaims"] = True
+    res = helm_template(values, tmp_path)
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    role = one(docs, "Role")
+    assert sorted(r for rule in role["rules"] for r in rule["resources"]) == [
+        "configmaps",
+        "persistentvolumeclaims",
+        "pods",
+    ]
+    (container,) = sink_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    config = config_file(one(docs, "ConfigMap"), container["args"], container_env(container), tmp_path)
+    assert "spark.kubernetes.driver.ownPersistentVolumeClaim" not in config.spark.conf

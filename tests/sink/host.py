@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import queue
+import re
 import select
 import shutil
 import signal
@@ -269,7 +270,7 @@ class _Host:
             return "it exports metrics"
         if config.health.port is not None:
             return "it serves health probes"
-        if not config.spark.master.startswith("local"):
+        if not re.fullmatch(r"local(\[.*\])?", config.spark.master):
             return f"it runs on a cluster ({config.spark.master}): an application of its own, ended with it"
         spark = config.spark.model_dump(exclude={"app_name", "checkpoint_dir"})
         key = json.dumps(spark, sort_keys=True, default=str)

@@ -1,7 +1,9 @@
-"""The sink on a Spark standalone cluster (the stack's master and two 1-core workers, started with a
-bare environment): the driver is the sink's process, the decoding and writing run in executors on both
-workers, and what those need (the ``service`` package, its configuration and credentials, the jars)
-reaches them by Spark's own means. The tables must land exactly, as in local mode.
+"""The sink on a Spark standalone cluster (the stack's master and two 1-core workers): the driver is the
+sink's process, the reading, decoding and writing run in executors on both workers. The workers start
+with none of the test's environment (no credentials, no PYSPARK_PYTHON, no stack variables): the
+configuration and credentials reach the tasks inside the tasks, the jars through the driver's file
+server. They share this machine's disk, so the venv at the driver's path stands for the image a real
+node runs. The tables must land exactly, as in local mode.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from service.cli import EXIT_CONFIG
 from service.sample import SampleSource, ensure_topic, produce
-from tests.cluster import WORKERS, SparkCluster, application_id
+from tests.cluster import WORKERS, SparkCluster, application_id, tasks_by_worker
 from tests.sink.conftest import Sink
 from tests.sink.debezium_sales import Captured, assert_table_matches, capturing, sales_sink
 from tests.sink.expect import appended_rows, assert_rows
@@ -28,15 +30,17 @@ def captures(stack: Any) -> Iterator[Callable[[str], Captured]]:
 
 
 def _on_cluster(sink: Sink, cluster: SparkCluster) -> Sink:
-    sink.config["spark"] = cluster.spark_settings()
-    return sink
+    result: Sink = cluster.run(sink)
+    return result
 
 
 def _ran_on_every_worker(cluster: SparkCluster, log: str) -> None:
-    """The run's application had an executor on each worker."""
+    """The run's application had an executor on each worker, and each of them ran tasks."""
     app = application_id(log)
     executors = cluster.executors(app)
     assert len(executors) == WORKERS and all(executors.values()), f"{app}'s executors by worker: {executors}"
+    tasks = tasks_by_worker(app)
+    assert len(tasks) == WORKERS and all(tasks.values()), f"{app}'s tasks by worker: {tasks}"
 
 
 @pytest.mark.parametrize("mode", ["upsert", "append"])

@@ -56,3 +56,16 @@ def test_a_kubernetes_api_server_is_checked_at_its_port(listening: int) -> None:
     assert check_master(f"k8s://http://127.0.0.1:{listening}").endswith("answers")
     with pytest.raises(SparkUnavailable, match=r"k8s://https://127\.0\.0\.1:\d+: no master answers"):
         check_master(f"k8s://https://127.0.0.1:{_closed_port()}", timeout_s=2)
+
+
+def test_addresses_without_a_port_get_the_default_one() -> None:
+    from service.spark_session import _with_port
+
+    assert _with_port("m1", 7077) == "m1:7077"
+    assert _with_port("m1:7000", 7077) == "m1:7000"
+    assert _with_port("[fd00::1]", 443) == "[fd00::1]:443"
+    assert _with_port("[fd00::1]:6443", 443) == "[fd00::1]:6443"
+
+
+def test_spaces_in_an_ha_list_are_ignored(listening: int) -> None:
+    assert check_master(f"spark://127.0.0.1:{_closed_port()}, 127.0.0.1:{listening}").endswith("answers")

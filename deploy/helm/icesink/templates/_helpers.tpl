@@ -100,9 +100,11 @@ a Prometheus endpoint only for the long-running Deployment (a CronJob's pods are
 {{- $_ := set $conf "spark.executor.cores" (toString $k8s.executor.cores) -}}
 {{- $_ := set $conf "spark.executor.memory" (toString $k8s.executor.memory) -}}
 {{- $_ := set $conf "spark.executor.memoryOverhead" (toString $k8s.executor.memoryOverhead) -}}
+{{- if not $k8s.persistentVolumeClaims -}}
 {{- /* the executors' scratch is the pod template's emptyDir: no claim to create, own or reuse */ -}}
 {{- $_ := set $conf "spark.kubernetes.driver.ownPersistentVolumeClaim" "false" -}}
 {{- $_ := set $conf "spark.kubernetes.driver.reusePersistentVolumeClaim" "false" -}}
+{{- end -}}
 {{- else -}}
 {{- $_ := set $spark "master" (ternary $v.maintenance.spark.master $v.spark.master $maintain) -}}
 {{- end -}}
