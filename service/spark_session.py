@@ -79,6 +79,12 @@ def check_master(master: str, timeout_s: float = MASTER_TIMEOUT_S) -> str:
     )
 
 
+def is_local(master: str) -> bool:
+    """A master that runs the executors in the driver's own JVM: ``local`` and ``local[...]``, not
+    ``local-cluster[...]`` (executors in JVMs of their own)."""
+    return re.fullmatch(r"local(\[.*\])?", master) is not None
+
+
 def sql_literal(text: str) -> str:
     """``text`` as a Spark SQL string literal (backslashes and quotes escaped)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
@@ -104,8 +110,7 @@ def build_spark(
     # Python workers must run the same interpreter (and packages) as the driver.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     master = master or config.spark.master
-    # local[...] only: local-cluster[...] runs its executors in JVMs of their own.
-    local = re.fullmatch(r"local(\[.*\])?", master) is not None
+    local = is_local(master)
     jars = spark_jars.resolve(config.spark, iceberg=iceberg is not None, local=local)
     spark_jars.check_files(jars)
     check_master(master)
@@ -123,7 +128,7 @@ def build_spark(
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    if master.startswith("local"):
+    if master.startswith("local"):  # local-cluster[...] too: its executors run on this machine
         # A local-mode driver needs no address reachable from elsewhere.
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
             "spark.driver.host", "127.0.0.1"

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import queue
-import re
 import select
 import shutil
 import signal
@@ -252,6 +251,7 @@ class _Host:
     def declines(self, request: dict[str, Any]) -> str | None:
         """Why the host does not run this request (the test then starts a process), or None."""
         from service.config import ConfigError, load_config
+        from service.spark_session import is_local
 
         argv, capture = request["argv"], bool(request.get("capture"))
         if not hosted(argv, capture):
@@ -270,7 +270,7 @@ class _Host:
             return "it exports metrics"
         if config.health.port is not None:
             return "it serves health probes"
-        if not re.fullmatch(r"local(\[.*\])?", config.spark.master):
+        if not is_local(config.spark.master):
             return f"it runs on a cluster ({config.spark.master}): an application of its own, ended with it"
         spark = config.spark.model_dump(exclude={"app_name", "checkpoint_dir"})
         key = json.dumps(spark, sort_keys=True, default=str)

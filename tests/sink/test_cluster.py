@@ -29,11 +29,6 @@ def captures(stack: Any) -> Iterator[Callable[[str], Captured]]:
         yield capture
 
 
-def _on_cluster(sink: Sink, cluster: SparkCluster) -> Sink:
-    result: Sink = cluster.run(sink)
-    return result
-
-
 def _ran_on_every_worker(cluster: SparkCluster, log: str) -> None:
     """The run's application had an executor on each worker, and each of them ran tasks."""
     app = application_id(log)
@@ -54,7 +49,7 @@ def test_sales_lands_exactly_on_a_cluster(
 ) -> None:
     """The sales table captured by Debezium lands exactly through executors on both workers."""
     captured = captures("schemas-precise")
-    sink = _on_cluster(sales_sink(make_sink, unique_name, captured, mode), spark_cluster)
+    sink: Sink = spark_cluster.run(sales_sink(make_sink, unique_name, captured, mode))
     run = sink.run_until_caught_up(timeout=400)
     _ran_on_every_worker(spark_cluster, run.log())
     if mode == "upsert":
@@ -80,7 +75,7 @@ def test_many_tables_land_exactly_on_a_cluster(
         },
     )
     sink.config["kafka"].pop("topics")
-    _on_cluster(sink, spark_cluster)
+    spark_cluster.run(sink)
     sources = {
         name: SampleSource(keys=60, seed=i, table=name)
         for i, name in enumerate(["customers", "orders", "events"])
@@ -110,7 +105,7 @@ def test_master_that_does_not_answer_stops_start_up_before_the_claim(
     """spark.master names a port where no master listens: `icesink run` exits 2 with one line naming it,
     before its claim (the epoch stays 1); `icesink check` says the same."""
     master = f"spark://127.0.0.1:{_free_port()}"
-    sink = _on_cluster(make_sink(columns=[{"name": "id", "type": "long", "required": True}]), spark_cluster)
+    sink: Sink = spark_cluster.run(make_sink(columns=[{"name": "id", "type": "long", "required": True}]))
     sink.config["spark"]["master"] = master
     log = TransactionLog(pg_dsn)
     try:
