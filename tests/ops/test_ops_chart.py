@@ -29,6 +29,9 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 HELM = Path(os.environ.get("ICESINK_CACHE_DIR", REPO / ".cache")) / "bin" / "helm"
 
 
+NAMESPACE = "icesink-ci"  # scripts/check-chart's
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = tmp_path_factory.mktemp("chart")
@@ -122,23 +125,13 @@ def test_a_multi_table_release_renders_its_routing(rendered: dict[str, list[dict
 
 
 @pytest.mark.parametrize("case", list(cases()))
-def test_the_sink_config_is_valid_for_icesink(rendered: dict[str, list[dict[str, Any]]], case: str) -> None:
+def test_the_sink_config_is_valid_for_icesink(
+    rendered: dict[str, list[dict[str, Any]]], case: str, tmp_path: Path
+) -> None:
     docs = rendered[case]
-    config_map = one(docs, "ConfigMap")
     deployment = sink_deployment(docs)
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    env: dict[str, str] = {"POD_NAME": "icesink-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": "ns"}
-    for item in container["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif "secretKeyRef" in item["valueFrom"]:  # a Secret's key: any placeholder will do
-            env[item["name"]] = "postgresql://u@db/icesink" if "DSN" in item["name"] else f"<{item['name']}>"
-    path = Path(f"/tmp/{case}-sink.yaml")
-    path.write_text(config_map["data"]["sink.yaml"])
-    try:
-        config = load_config(path, env=env)
-    finally:
-        path.unlink()
+    config = config_file(one(docs, "ConfigMap"), container["args"], container_env(container), tmp_path)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert config.health.port == ports["health"]
     assert container["args"] == ["run", "--config", "/etc/icesink/sink.yaml"]
@@ -151,9 +144,8 @@ def test_the_sink_config_is_valid_for_icesink(rendered: dict[str, list[dict[str,
     assert config.spark.conf["spark.ui.showConsoleProgress"] == "false"
     if values.get("spark", {}).get("kubernetes", {}).get("enabled"):
         assert config.spark.master.startswith("k8s://")
-        assert config.spark.conf["spark.driver.host"] == "10.1.2.3"
         assert config.spark.conf["spark.kubernetes.driver.pod.name"] == "icesink-0"
-        assert "executor-pod-template.yaml" in config_map["data"]
+        assert "executor-pod-template.yaml" in one(docs, "ConfigMap")["data"]
     else:
         assert config.spark.master.startswith("local")
     log_format = config.log.format
@@ -236,12 +228,28 @@ def test_selectors_match_the_sink_pod(rendered: dict[str, list[dict[str, Any]]],
         covered = [name for p in policies for name in selected(p["spec"]["podSelector"]["matchLabels"])]
         assert sorted(covered) == sorted(pods)
     for monitor in by_kind(docs, "ServiceMonitor"):
-        for service in services:  # scrapes the sink's metrics and the maintainer's
-            labels = service["metadata"]["labels"]
-            assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+        scraped = [s for s in services if monitors(monitor, s)]
+        # the sink's metrics and the maintainer's; not the Spark driver's Service (no metrics port)
+        assert [s for s in services if s not in scraped] == [
+            s for s in services if component_of(s) == "spark-driver"
+        ]
+        for service in scraped:
             port_names = {p["name"] for p in service["spec"]["ports"]}
             assert all(e["port"] in port_names for e in monitor["spec"]["endpoints"])
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+
+
+def monitors(monitor: dict[str, Any], service: dict[str, Any]) -> bool:
+    """Whether a ServiceMonitor's label selector (matchLabels, NotIn expressions) picks a Service."""
+    labels = service["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]
+    if not all(labels.get(k) == v for k, v in selector["matchLabels"].items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "NotIn", expression
+        if labels.get(expression["key"]) in expression["values"]:
+            return False
+    return True
 
 
 def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -276,7 +284,7 @@ def test_optional_parts_follow_the_values(rendered: dict[str, list[dict[str, Any
     assert sa["automountServiceAccountToken"] is True
     assert one(minimal, "ServiceAccount")["automountServiceAccountToken"] is False
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "icesink-ci"}
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     policy = one(k8s, "NetworkPolicy")["spec"]
@@ -298,15 +306,30 @@ def test_kubernetes_executors_get_what_the_standalone_cluster_needed(
     """The executor pods get what the sink's executors needed on the stack's standalone cluster
     (tests/sink/test_cluster.py: the driver's address, the same Python as the driver, Spark's jars)
     and nothing of the sink's own: no credential, no token, no configuration file (the tasks carry
-    what they need). They call back to the driver's pod IP (during a rolling update two sink pods
-    stand behind any one name, and an executor must reach the driver that started it), so the driver
-    needs no Service. RBAC covers only pods and their ConfigMap, PVCs only when asked for."""
+    what they need). They call the driver by its headless Service's name, which stands for one pod
+    (Recreate: an executor must reach the driver that started it, never a rolling update's other
+    pod). RBAC covers only pods and their ConfigMap, PVCs only when asked for."""
     docs = rendered["spark-kubernetes-values"]
-    (container,) = sink_deployment(docs)["spec"]["template"]["spec"]["containers"]
+    deployment = sink_deployment(docs)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = container_env(container)
     config = config_file(one(docs, "ConfigMap"), container["args"], env, tmp_path)
     conf = config.spark.conf
-    assert conf["spark.driver.host"] == env["POD_IP"] and conf["spark.driver.bindAddress"] == "0.0.0.0"
+    (driver,) = [s for s in by_kind(docs, "Service") if component_of(s) == "spark-driver"]
+    assert conf["spark.driver.host"] == f"{driver['metadata']['name']}.{NAMESPACE}.svc"
+    assert conf["spark.driver.bindAddress"] == "0.0.0.0"
+    assert driver["spec"]["clusterIP"] == "None" and driver["spec"]["publishNotReadyAddresses"] is True
+    assert driver["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["targetPort"]: p["port"] for p in driver["spec"]["ports"]} == {
+        "spark-driver": ports["spark-driver"],
+        "spark-blocks": ports["spark-blocks"],
+    }
+    assert {conf["spark.driver.port"], conf["spark.driver.blockManager.port"]} == {
+        str(ports["spark-driver"]),
+        str(ports["spark-blocks"]),
+    }
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     executor_values = values_of("spark-kubernetes-values")["spark"]["kubernetes"]["executor"]
     assert conf["spark.executor.memory"] == executor_values["memory"]
     assert conf["spark.kubernetes.driver.ownPersistentVolumeClaim"] == "false"
@@ -561,6 +584,11 @@ def test_a_template_sink_needs_no_key(rendered: dict[str, list[dict[str, Any]]],
         ("bad table identifier", {"config": {"table": {"identifier": "nodot"}}}, "identifier"),
         ("non-local master", {"spark": {"master": "yarn"}}, "master"),
         ("bad log format", {"config": {"log": {"format": "xml"}}}, "format"),
+        (
+            "a rolling update of a driver that executors call by name",
+            {"spark": {"kubernetes": {"enabled": True}}, "updateStrategy": {"type": "RollingUpdate"}},
+            "updateStrategy.type RollingUpdate with spark.kubernetes.enabled",
+        ),
         ("root user", {"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot"),
         ("spark scratch in /tmp", {"scratch": {"sparkLocal": {"path": "/tmp/spark"}}}, "path"),
         (

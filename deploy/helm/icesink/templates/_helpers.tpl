@@ -91,7 +91,8 @@ a Prometheus endpoint only for the long-running Deployment (a CronJob's pods are
 {{- $_ := set $conf "spark.kubernetes.executor.podTemplateFile" "/etc/icesink/executor-pod-template.yaml" -}}
 {{- $_ := set $conf "spark.kubernetes.authenticate.caCertFile" "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt" -}}
 {{- $_ := set $conf "spark.kubernetes.authenticate.oauthTokenFile" "/var/run/secrets/kubernetes.io/serviceaccount/token" -}}
-{{- $_ := set $conf "spark.driver.host" "${POD_IP}" -}}
+{{- /* the driver's headless Service (spark-driver-service.yaml); one pod behind it: Recreate */ -}}
+{{- $_ := set $conf "spark.driver.host" (printf "%s.%s.svc" (include "icesink.driverService" $root) $root.Release.Namespace) -}}
 {{- $_ := set $conf "spark.driver.bindAddress" "0.0.0.0" -}}
 {{- $_ := set $conf "spark.driver.port" (toString $k8s.driverPort) -}}
 {{- $_ := set $conf "spark.driver.blockManager.port" (toString $k8s.blockManagerPort) -}}
@@ -144,6 +145,9 @@ a Prometheus endpoint only for the long-running Deployment (a CronJob's pods are
 {{- fail (printf "config.tables.%s: the sink writes only %s (config.table.identifier is not a template such as lake.{source.table})" $name $identifier) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.spark.kubernetes.enabled (eq .Values.updateStrategy.type "RollingUpdate") -}}
+{{- fail "updateStrategy.type RollingUpdate with spark.kubernetes.enabled: executors call the driver by its Service's name, which must stand for one pod; leave updateStrategy.type empty (Recreate in this mode) or set Recreate" -}}
 {{- end -}}
 {{- if .Values.maintenance.enabled -}}
 {{- /* as service/maintenance/spark.py: the catalog must be one Spark's Iceberg catalogs know, or described */ -}}
@@ -339,4 +343,14 @@ spec:
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The driver's headless Service: the name Spark-on-Kubernetes executors call the driver by. */}}
+{{- define "icesink.driverService" -}}
+{{- printf "%s-driver" (include "icesink.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* RollingUpdate unless executors call the driver by name (then one pod at a time: Recreate). */}}
+{{- define "icesink.updateStrategy" -}}
+{{- default (ternary "Recreate" "RollingUpdate" .Values.spark.kubernetes.enabled) .Values.updateStrategy.type -}}
 {{- end -}}
