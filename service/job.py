@@ -139,23 +139,28 @@ class SinkJob:
             self.config.kafka.topic_pattern or sorted(self.reader.partitions),
             self.positions.spark_starting(self.reader.partitions),
         )
+        failure: Exception | None = None
         try:
             self._loop(query)
         except Exception as exc:
-            if self.fatal is not None:
-                raise self.fatal from None
-            assert self.committer is not None
-            self.reader.explain_failure(exc, self.committer.committed())
-            raise
+            failure = exc
         finally:
             if query.isActive:  # this loop failed (an idle flush): no batch may run after it
                 query.stop()
-            self.commit.close()
+            in_flight = self.commit.close()
             self.health.set_not_ready("stopped")
             lag.stop()
             shutil.rmtree(checkpoint, ignore_errors=True)
-        if self.fatal is not None and not isinstance(self.fatal, StopRequested):
-            raise self.fatal
+        if isinstance(in_flight, Fenced):  # replaced mid-commit: that explains the stop, even when
+            self._failed(in_flight)  # the next batch failed first (a frozen replica wakes to timeouts)
+            if failure is not None:
+                logger.warning("the sink was fenced; what failed after its last commit: %s", failure)
+        elif failure is not None and self.fatal is None:
+            assert self.committer is not None
+            self.reader.explain_failure(failure, self.committer.committed())
+            raise failure
+        if self.fatal is not None and (failure or not isinstance(self.fatal, StopRequested)):
+            raise self.fatal from None
 
     def _loop(self, query: Any) -> None:
         """Until the query ends, a stop is requested or a catch-up run is caught up; then land the rest.

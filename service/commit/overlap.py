@@ -63,12 +63,17 @@ class Commits:
         if in_flight is not None:
             in_flight.result()
 
-    def close(self) -> None:
-        """Wait for the plan in flight without raising (the sink is stopping for another reason); a
-        plan whose commit failed stays precommitted, and the next start finishes it."""
+    def close(self) -> Exception | None:
+        """Wait for the plan in flight without raising (the sink is stopping for another reason) and
+        return its failure, if any: the caller decides whether it explains the stop (a fenced commit
+        does: the sink was replaced). A plan whose commit failed stays precommitted, and the next
+        start finishes it."""
+        failure: Exception | None = None
         try:
             self.wait()
         except Exception as exc:
             logger.warning("the commit in flight failed while the sink stopped: %s", exc)
+            failure = exc
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        return failure

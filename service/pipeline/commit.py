@@ -79,5 +79,6 @@ class CommitStep:
     def failed(self) -> bool:
         return self.commits.failed()
 
-    def close(self) -> None:
-        self.commits.close()
+    def close(self) -> Exception | None:
+        """Stop committing; returns the failure of the commit in flight, if it failed."""
+        return self.commits.close()

@@ -78,6 +78,13 @@ def _finish(spark: Any, sink: Sink, run: SinkRun, maintainers: list[SinkRun]) ->
     wait_caught_up(sink, run)
     stop_gracefully(run)
     for maintainer in maintainers:
+        # A maintainer started a moment ago may not have its SIGTERM handler yet (Python's default
+        # ends it with -15): stop it once its Spark session is up, as a pod would be after start-up.
+        wait_until(
+            lambda m=maintainer: "Spark jars: " in m.log() or m.process.poll() is not None,
+            180,
+            "the maintainer's start-up",
+        )
         if maintainer.process.poll() is None:
             os.kill(maintainer.process.pid, 15)
             assert maintainer.wait(120) in (0, 3), maintainer.log()[-3000:]
