@@ -51,7 +51,7 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
-	.venv/bin/mypy --strict dev/stack.py
+	.venv/bin/mypy --strict dev/stack.py dev/cpu_by_process.py
 	.venv/bin/mypy --explicit-package-bases tests/conftest.py readers/__init__.py tests/cdc.py tests/avro.py tests/smoke
 	.venv/bin/mypy --explicit-package-bases tests/ops
 	shellcheck scripts/check-chart scripts/k8s-chaos.sh deploy/docker/*.sh
