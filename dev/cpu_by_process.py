@@ -53,7 +53,7 @@ def kind(cmdline: str) -> str:
     for server in SERVERS:
         if server.lower() in cmdline.lower():
             return server
-    if "rest" in cmdline and "java" in cmdline:
+    if "rest-catalog" in cmdline:
         return "rest-catalog"
     return "java-other" if "java" in cmdline else "other"
 
