@@ -6,7 +6,7 @@
 #   docker build --target query -t icesink-query .   # + DuckDB, to look at the tables (compose demo)
 #
 # Stages: jars (Spark's Kafka source, Iceberg's Spark runtime and AWS bundle from Maven Central, SHA-256
-# checked) and build (wheel + venv) feed runtime-base (python slim + JRE 17, non-root); query adds
+# checked), native (the Avro batch decoder, built with Rust) and build (wheels + venv) feed runtime-base (python slim + JRE 17, non-root); query adds
 # DuckDB; runtime is the default, last stage.
 # No secret is baked in: credentials come from the environment at run time (docs/operations.md).
 
@@ -21,6 +21,18 @@ RUN apt-get update \
 COPY deploy/docker/spark-jars.txt deploy/docker/fetch-jars.sh /build/
 RUN MAVEN_REPO="${MAVEN_REPO}" sh /build/fetch-jars.sh /build/spark-jars.txt /opt/icesink/jars
 
+# ---- native: the Avro batch decoder (service/native, Rust over arrow-avro) as an abi3 wheel ----------
+FROM ${PYTHON_IMAGE} AS native
+ARG RUST_TOOLCHAIN=1.95.0
+ARG MATURIN_VERSION=1.16.0
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/* \
+ && curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain "${RUST_TOOLCHAIN}" \
+ && pip install --no-cache-dir "maturin==${MATURIN_VERSION}"
+COPY service/native /src/native
+RUN PATH="/root/.cargo/bin:$PATH" maturin build --release --manifest-path /src/native/Cargo.toml --out /native
+
 # ---- build: the icesink wheel and a venv with it and its dependencies ------------------------------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
@@ -29,11 +41,12 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY txnlog ./txnlog
+COPY --from=native /native /native
 # pyspark's bundled tests and examples are not needed to run the sink: dropped to keep the image smaller.
 RUN python -m venv /opt/icesink/venv \
  && /opt/icesink/venv/bin/pip install --upgrade pip \
  && /opt/icesink/venv/bin/pip wheel --no-deps --wheel-dir /dist . \
- && /opt/icesink/venv/bin/pip install /dist/icesink-*.whl \
+ && /opt/icesink/venv/bin/pip install /dist/icesink-*.whl /native/icesink_avrodec-*.whl \
  && find /opt/icesink/venv/lib -path '*/pyspark/*' -type d \( -name tests -o -name examples \) -prune \
       -exec rm -rf {} +
 

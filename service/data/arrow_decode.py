@@ -110,7 +110,7 @@ def unsupported(columns: list[Column]) -> str | None:
     return None
 
 
-def _wire_type(column: Column) -> pa.DataType:
+def wire_type(column: Column) -> pa.DataType:
     """The Arrow type of the JSON value before conversion: that of Spark's decoder (its wire type)."""
     return to_arrow_type(column_wire_type(column))
 
@@ -122,7 +122,7 @@ def output_type(column: Column) -> pa.DataType:
 
 
 def row_type(columns: list[Column]) -> pa.StructType:
-    return pa.struct([pa.field(c.name, _wire_type(c)) for c in columns])
+    return pa.struct([pa.field(c.name, wire_type(c)) for c in columns])
 
 
 def envelope_schema(columns: list[Column]) -> pa.Schema:
@@ -211,13 +211,14 @@ def _strict_base64(text: str, name: str) -> bytes:
 
 
 def _unscaled(wire: pa.Array, column: Column, limit: int) -> list[int | None]:
-    """Kafka Connect Decimal: base64 of a big-endian two's complement unscaled integer."""
+    """Kafka Connect Decimal: a big-endian two's complement unscaled integer, as base64 text (JSON)
+    or as the bytes themselves (Avro)."""
     out: list[int | None] = []
     for text in wire.to_pylist():
         if text is None:
             out.append(None)
             continue
-        raw = _strict_base64(text, column.name)
+        raw = text if isinstance(text, bytes) else _strict_base64(text, column.name)
         if not raw:
             raise Declined(f"column {column.name}: an empty decimal")
         unscaled = int.from_bytes(raw, "big", signed=True)
@@ -236,14 +237,9 @@ _SEXTETS[ord("=")] = 0
 _STRICT_BASE64_RE2 = f"^{STRICT_BASE64}$"
 
 
-def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | None:
-    """:func:`_unscaled` for values of up to 8 bytes, with numpy instead of a Python loop per value
-    (a tenth of a task's CPU at 20,000-event batches); None when a value is longer (an overlong
-    encoding), which the loop then takes. The same checks and values (``tests/unit/test_arrow_decimals.py``);
-    with several faults in one batch, the reason given may name another one first."""
-    texts = wire.cast(pa.string()).drop_null()
-    if len(texts) == 0:
-        return pa.nulls(len(wire), pa.int64())
+def _base64_bytes(texts: pa.Array, column: Column) -> tuple[np.ndarray, np.ndarray] | None:
+    """Base64 texts (no nulls) → their bytes, left-aligned in rows of 9, and each one's length; None
+    when one is longer than 12 characters (9 bytes)."""
     if not pc.all(pc.match_substring_regex(texts, _STRICT_BASE64_RE2)).as_py():
         raise Declined(f"column {column.name}: a value is not strict base64")
     lengths = pc.binary_length(texts).to_numpy()
@@ -264,11 +260,45 @@ def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | No
     padding = (chars[offsets[1:] - offsets[0] - 1] == ord("=")).astype(np.int64) + (
         chars[offsets[1:] - offsets[0] - 2] == ord("=")
     ).astype(np.int64)
-    size = lengths // 4 * 3 - padding  # the value's bytes
+    return raw, lengths // 4 * 3 - padding
+
+
+def _raw_bytes(values: pa.Array, column: Column) -> tuple[np.ndarray, np.ndarray] | None:
+    """Binary values (no nulls) → the same layout as :func:`_base64_bytes`, in rows of 8."""
+    values = values.cast(pa.binary())
+    lengths = pc.binary_length(values).to_numpy()
+    if (lengths == 0).any():
+        raise Declined(f"column {column.name}: an empty decimal")
+    if lengths.max() > 8:
+        return None
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + len(values) + 1]
+    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    rows = np.repeat(np.arange(len(values)), lengths)
+    cols = np.arange(len(data)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    raw = np.zeros((len(values), 8), dtype=np.uint64)
+    raw[rows, cols] = data
+    return raw, lengths
+
+
+def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | None:
+    """:func:`_unscaled` for values of up to 8 bytes, with numpy instead of a Python loop per value
+    (a tenth of a task's CPU at 20,000-event batches); None when a value is longer (an overlong
+    encoding), which the loop then takes. The same checks and values (``tests/unit/test_arrow_decimals.py``);
+    with several faults in one batch, the reason given may name another one first."""
+    present = wire.drop_null()
+    if len(present) == 0:
+        return pa.nulls(len(wire), pa.int64())
+    if pa.types.is_binary(wire.type) or pa.types.is_fixed_size_binary(wire.type):
+        laid_out = _raw_bytes(present, column)
+    else:
+        laid_out = _base64_bytes(present.cast(pa.string()), column)
+    if laid_out is None:
+        return None
+    raw, size = laid_out  # each value's bytes, left-aligned, and how many there are
     if size.max() > 8:
         return None
     # Big-endian bytes → unsigned, then sign-extended from 8 * size bits.
-    unsigned = np.zeros(len(texts), dtype=np.uint64)
+    unsigned = np.zeros(len(present), dtype=np.uint64)
     for j in range(8):
         unsigned = np.where(j < size, (unsigned << np.uint64(8)) | raw[:, j], unsigned)
     shift = (64 - 8 * size).astype(np.uint64)
@@ -365,12 +395,18 @@ def convert(column: Column, wire: pa.Array, julian: np.ndarray) -> pa.Array:
         if enc is Encoding.DECIMAL_TEXT:
             return _decimal_texts(wire, column)
         if enc is Encoding.BYTES_BASE64:
-            values = [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()]
-            if isinstance(column.type, FixedType) and any(
-                v is not None and len(v) != len(column.type) for v in values
+            if pa.types.is_binary(wire.type) or pa.types.is_fixed_size_binary(wire.type):  # Avro
+                values = wire.cast(pa.binary())
+            else:
+                values = pa.array(
+                    [None if v is None else _strict_base64(v, name) for v in wire.to_pylist()], pa.binary()
+                )
+            if (
+                isinstance(column.type, FixedType)
+                and pc.any(pc.not_equal(pc.binary_length(values), len(column.type))).as_py()
             ):
                 raise Declined(f"column {name}: a value whose length does not fit {column.type}")
-            return pa.array(values, pa.binary())
+            return values
         if enc in temporal.TEMPORAL:
             return temporal.arrow_convert(column, wire, julian, target)
         if enc is Encoding.UUID_TEXT:
@@ -574,7 +610,9 @@ def decode_envelopes(
     """Parsed events → changes. ``envelope`` has the fields of :func:`envelope_schema` (``payload``
     optional), ``key_table`` those of :func:`key_schema`, one row per record; ``positions`` their
     Kafka positions. Values are in the JSON converter's wire types (a date as days, bytes as
-    base64), whichever format they came in. Declined at the first value or event that is not right."""
+    base64), whichever format they came in, except that bytes and decimals may also come as bytes
+    (Avro's batch decoder, :mod:`service.data.avro_batch`). Declined at the first value or event
+    that is not right."""
     body = _unwrapped(envelope)
 
     op, after, before, source = body("op"), body("after"), body("before"), body("source")

@@ -158,8 +158,10 @@ class AvroSchema:
             self.connect = connect_schema(avro)
         except (KeyError, TypeError, AttributeError) as exc:  # not the shape of an Avro schema
             raise UnknownSchema(f"schema id {schema_id} is not a valid Avro schema: {exc!r}") from None
+        plain = decoding_schema(avro)
+        self.decoding_text = json.dumps(plain)  # what the native batch decoder reads with
         try:
-            self._parsed = parse_schema(decoding_schema(avro))
+            self._parsed = parse_schema(plain)
         except Exception as exc:  # fastavro's own errors for what is not valid Avro
             raise UnknownSchema(f"schema id {schema_id} is not a valid Avro schema: {exc}") from None
 

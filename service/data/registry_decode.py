@@ -20,14 +20,16 @@ none when all are good.
 from __future__ import annotations
 
 import json
+import logging
 from binascii import b2a_base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from service.data import avro_batch
 from service.data.arrow_decode import (
     Declined,
     Decoded,
@@ -39,9 +41,12 @@ from service.data.arrow_decode import (
 )
 from service.data.avro_schema import AvroSchema
 from service.data.envelope import KAFKA_POSITION, TRUNCATE_OP, TRUNCATE_REASON
+from service.data.files import DELETE_OP
 from service.data.protobuf_schema import ProtobufSchema
 from service.data.registry import Registry, RegistryUnavailable, UnknownSchema, WriterSchema, frame
 from service.model.columns import Column, Encoding, SchemaError
+
+logger = logging.getLogger(__name__)
 
 DEAD_COLUMNS = ["key", "value", "topic", "partition", "offset", "error"]
 
@@ -104,10 +109,14 @@ class Schemas:
         """One framed record → its value (bytes as bytes) and its schema's Connect text (normalised
         JSON, what the table's evolution follows, as a JSON event's schema section)."""
         value, connect = self.read_connect(data)
+        return value, self.section_text(connect)
+
+    def section_text(self, connect: dict[str, Any]) -> str:
+        """A Connect schema as a JSON event's schema section (normalised JSON, made once per schema)."""
         text = self.texts.get(id(connect))
         if text is None:
             text = self.texts[id(connect)] = json.dumps(connect, sort_keys=True, separators=(",", ":"))
-        return value, text
+        return text
 
     def as_json_event(self, data: bytes) -> dict[str, Any]:
         """A framed record as Kafka Connect's JSON converter writes it, ``{"schema", "payload"}`` (what
@@ -134,14 +143,13 @@ def _base64(value: Any) -> Any:
     return value
 
 
-def _as_json_values(rows: list[dict[str, Any]], indices: list[int], columns: list[Column]) -> None:
+def _as_json_values(rows: list[dict[str, Any]], columns: list[Column]) -> None:
     """The rows' bytes values, in place, as the JSON converter writes them (only the columns that
     need it: a walk of every value cost more than decoding the records)."""
     names = [c.name for c in columns if c.encoding in _BASE64]
     if not names:
         return
-    for i in indices:
-        row = rows[i]
+    for row in rows:
         for image in (row.get("before"), row.get("after"), row if "op" not in row else None):
             if image:
                 for name in names:
@@ -175,101 +183,227 @@ def decode(
     ignores tombstones (append mode) leaves them out. The schema sections of the records' schemas
     are in ``decoded.schemas``: the caller checks that the table takes them as they are.
     ``too_big`` marks records over the size limit, ``rejected`` the schema sections whose records are
-    dead letters (an incompatible change the table refused), both with their reason."""
-    dead: dict[int, str] = {}
-    events: list[dict[str, Any]] = []
-    key_rows: list[dict[str, Any]] = []
-    sections: list[str | None] = []
-    for i, (value, key_bytes) in enumerate(zip(values, keys, strict=True)):
-        if too_big and too_big[i]:
-            dead[i] = reason_too_big
-            events.append({})
-            key_rows.append({})
-            sections.append(None)
-            continue
-        key_row: dict[str, Any] = {}
-        try:
-            event, section = schemas.read(value) if value is not None else ({"op": "d"}, None)
-            # The key columns are in a change's row image; a tombstone takes them from the record's
-            # key, and so does a delete where it can (its before image holds the key columns too: a
-            # key it can't read, another converter's say, does not lose the delete).
-            if key_bytes is not None and event.get("op") == "d":
-                try:
-                    key_row = schemas.read(key_bytes)[0]
-                except RegistryUnavailable:
-                    raise
-                except Exception:
-                    if value is None:  # a tombstone has nothing else
-                        raise
-        except RegistryUnavailable:
-            raise  # not the record's fault: the batch fails and is retried
-        except Exception as exc:  # the record's own: a dead letter (reading raises all kinds)
-            dead[i] = (
-                str(exc) if isinstance(exc, ValueError | LookupError) else f"{type(exc).__name__}: {exc}"
-            )
-            event, section, key_row = {}, None, {}
-        if event.get("op") == TRUNCATE_OP:
-            dead[i] = TRUNCATE_REASON
-        elif rejected and section in rejected:
-            dead[i] = rejected[section]
-        events.append(event)
-        key_rows.append(key_row)
-        sections.append(section)
-    groups: dict[str | None, list[int]] = {}
-    for i, section in enumerate(sections):
-        if i not in dead:
-            groups.setdefault(section, []).append(i)
-    read = _Read(events, key_rows, kafka.select(KAFKA_POSITION))
+    dead letters (an incompatible change the table refused), both with their reason.
+
+    Avro records are read a schema id at a time by the native decoder (:mod:`service.data.avro_batch`)
+    where it is built and can lay the schema's records out; the others (Protobuf, tombstones, records
+    without the header or of an unknown id, and all of them without the native decoder) one by one."""
+    dead = {i: reason_too_big for i, big in enumerate(too_big) if big}
+    context = _Task(values, keys, columns, key, schemas, rejected or {}, dead)
+    batches, one_by_one = context.read_batches()
+    groups: list[_Group] = [*batches, *context.read_one_by_one(one_by_one)]
+    positions = kafka.select(KAFKA_POSITION)
     parts: list[tuple[Decoded, list[int]]] = []
-    for section, indices in groups.items():
-        version = columns if section is None else section_columns(columns, section)
-        if reason := unsupported(version):
-            raise Declined(reason)
-        _as_json_values(events, indices, version)
-        _as_json_values(key_rows, indices, version)
-        parts.extend(read.isolating(version, key, indices, dead))
+    for group in groups:
+        version = context.version(group.section)
+        parts.extend(_isolating(group, version, key, positions, list(range(len(group.indices))), dead))
     if not parts:  # every record dead: no changes, in the columns' types
-        parts.append((read.decode(columns, key, []), []))
-    return AvroDecoded(
-        _in_record_order(parts, sorted({s for s in sections if s is not None})),
-        _dead_letters(values, keys, kafka, dead),
-    )
+        empty = _OneByOne(None, [], [], [])
+        parts.append((_decode(empty, columns, key, positions, []), []))
+    sections = sorted({g.section for g in groups if g.section is not None})
+    return AvroDecoded(_in_record_order(parts, sections), _dead_letters(values, keys, kafka, dead))
+
+
+class _Group(Protocol):
+    """Records of one schema section, ready to be laid out as parsed envelopes and their keys."""
+
+    section: str | None
+    indices: list[int]  # the records' places in the task's chunk
+
+    def tables(self, columns: list[Column], key: list[str], rows: list[int]) -> tuple[pa.Table, pa.Table]:
+        """The envelopes and keys of the group's ``rows``; may raise for a value that does not fit."""
+        ...
 
 
 @dataclass
-class _Read:
-    """The records of a task as read: their values, keys (where needed) and Kafka positions."""
+class _OneByOne:
+    """Records read one at a time: their values (and keys, where needed) as Python objects."""
 
+    section: str | None
+    indices: list[int]
     events: list[dict[str, Any]]
     key_rows: list[dict[str, Any]]
-    positions: pa.Table
 
-    def decode(self, columns: list[Column], key: list[str], indices: list[int]) -> Decoded:
-        """The records at ``indices`` laid out as parsed JSON envelopes, through the JSON path's checks."""
+    def tables(self, columns: list[Column], key: list[str], rows: list[int]) -> tuple[pa.Table, pa.Table]:
         body = pa.struct(list(envelope_schema(columns))[1:])  # without "payload"
-        envelope = pa.Table.from_struct_array(pa.array([self.events[i] for i in indices], body))
+        envelope = pa.Table.from_struct_array(pa.array([self.events[r] for r in rows], body))
         by_name = {c.name: c for c in columns}
         key_type = row_type([by_name[k] for k in key])
-        key_table = pa.Table.from_struct_array(pa.array([self.key_rows[i] for i in indices], key_type))
-        taken = self.positions.take(pa.array(indices, pa.int64()))
-        return decode_envelopes(envelope, key_table, taken, columns, key)
+        return envelope, pa.Table.from_struct_array(pa.array([self.key_rows[r] for r in rows], key_type))
 
-    def isolating(
-        self, columns: list[Column], key: list[str], indices: list[int], dead: dict[int, str]
-    ) -> list[tuple[Decoded, list[int]]]:
-        """The records at ``indices`` decoded together; when that is refused, each half on its own,
-        down to the refused record, which goes to ``dead`` with the reason."""
+
+@dataclass
+class _Batch:
+    """Records of one schema id read together by the native decoder, already laid out."""
+
+    section: str | None
+    indices: list[int]
+    envelope: pa.Table
+    keys: pa.Table
+
+    def tables(self, columns: list[Column], key: list[str], rows: list[int]) -> tuple[pa.Table, pa.Table]:
+        taken = pa.array(rows, pa.int64())
+        return self.envelope.take(taken), self.keys.take(taken)
+
+
+@dataclass
+class _Task:
+    """One call's records and what it found out about them so far (``dead``: index → reason)."""
+
+    values: Sequence[bytes | None]
+    keys: Sequence[bytes | None]
+    columns: list[Column]
+    key: list[str]
+    schemas: Schemas
+    rejected: dict[str, str]
+    dead: dict[int, str]
+
+    def version(self, section: str | None) -> list[Column]:
+        """The columns of a schema section (the table's, for tombstones); Declined when this decoder
+        can't take them at all."""
+        version = self.columns if section is None else section_columns(self.columns, section)
+        if reason := unsupported(version):
+            raise Declined(reason)
+        return version
+
+    def read_batches(self) -> tuple[list[_Batch], list[int]]:
+        """The Avro records the native decoder reads, a batch per schema id; and those left to read
+        one by one."""
+        pending = [i for i in range(len(self.values)) if i not in self.dead]
+        if self.schemas.format != "debezium-avro" or not avro_batch.available():
+            return [], pending
+        ids = avro_batch.schema_ids(self.values)
+        by_id: dict[int, list[int]] = {}
+        rest: list[int] = []
+        for i in pending:
+            (by_id.setdefault(int(ids[i]), []) if ids[i] >= 0 else rest).append(i)
+        batches = []
+        for schema_id, indices in by_id.items():
+            try:
+                batch = self._read_batch(schema_id, indices)
+            except (avro_batch.NotBatchable, UnknownSchema, SchemaError) as exc:
+                # the records' own reasons come from reading them one by one
+                logger.debug("schema id %s: read record by record (%s)", schema_id, exc)
+                rest.extend(indices)
+                continue
+            if batch is not None:
+                batches.append(batch)
+        return batches, sorted(rest)
+
+    def _read_batch(self, schema_id: int, indices: list[int]) -> _Batch | None:
+        schema = self.schemas.get(schema_id)
+        if not isinstance(schema, AvroSchema):
+            raise avro_batch.NotBatchable(f"schema id {schema_id} is not Avro")
+        values = [self.values[i] for i in indices]
+        array, good, bad = avro_batch.decode(schema_id, schema.decoding_text, values)  # type: ignore[arg-type]
+        for j, reason in bad:
+            self.dead[indices[j]] = reason
+        members = [indices[j] for j in good]
+        section = self.schemas.section_text(schema.connect)
+        if array is None:
+            return None
+        if section in self.rejected:
+            self.dead.update(dict.fromkeys(members, self.rejected[section]))
+            return None
+        envelope = avro_batch.envelopes(array, self.version(section))
+        truncated = pc.fill_null(pc.equal(envelope["op"], TRUNCATE_OP), False)
+        if pc.any(truncated).as_py():
+            self.dead.update(
+                dict.fromkeys(
+                    [m for m, t in zip(members, truncated.to_pylist(), strict=True) if t], TRUNCATE_REASON
+                )
+            )
+            members = [m for m, t in zip(members, truncated.to_pylist(), strict=True) if not t]
+            envelope = envelope.filter(pc.invert(truncated))
+        deletes = pc.fill_null(pc.equal(envelope["op"], DELETE_OP), False).to_pylist()
+        key_rows = [self._key(self.keys[m]) if d else {} for m, d in zip(members, deletes, strict=True)]
+        return _Batch(section, members, envelope, avro_batch.keys(key_rows, envelope, self.key))
+
+    def _key(self, data: bytes | None) -> dict[str, Any]:
+        """A delete's key columns from its record key; {} when it has none or can't be read (its before
+        image holds the key columns too)."""
+        if data is None:
+            return {}
         try:
-            return [(self.decode(columns, key, indices), indices)]
-        except (Declined, pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-            if len(indices) == 1:
-                dead[indices[0]] = _reason(exc)
-                return []
-        half = len(indices) // 2
-        return [
-            *self.isolating(columns, key, indices[:half], dead),
-            *self.isolating(columns, key, indices[half:], dead),
-        ]
+            return self.schemas.read(data)[0]
+        except RegistryUnavailable:
+            raise
+        except Exception:
+            return {}
+
+    def read_one_by_one(self, indices: list[int]) -> list[_OneByOne]:
+        """The records at ``indices`` read one at a time, grouped by schema section."""
+        groups: dict[str | None, _OneByOne] = {}
+        for i in indices:
+            value, key_bytes = self.values[i], self.keys[i]
+            key_row: dict[str, Any] = {}
+            try:
+                event, section = self.schemas.read(value) if value is not None else ({"op": "d"}, None)
+                # The key columns are in a change's row image; a tombstone takes them from the
+                # record's key, and so does a delete where it can (its before image holds the key
+                # columns too: a key it can't read, another converter's say, does not lose the delete).
+                if key_bytes is not None and event.get("op") == "d":
+                    try:
+                        key_row = self.schemas.read(key_bytes)[0]
+                    except RegistryUnavailable:
+                        raise
+                    except Exception:
+                        if value is None:  # a tombstone has nothing else
+                            raise
+            except RegistryUnavailable:
+                raise  # not the record's fault: the batch fails and is retried
+            except Exception as exc:  # the record's own: a dead letter (reading raises all kinds)
+                self.dead[i] = (
+                    str(exc) if isinstance(exc, ValueError | LookupError) else f"{type(exc).__name__}: {exc}"
+                )
+                continue
+            if event.get("op") == TRUNCATE_OP:
+                self.dead[i] = TRUNCATE_REASON
+                continue
+            if section in self.rejected:
+                self.dead[i] = self.rejected[section]
+                continue
+            group = groups.setdefault(section, _OneByOne(section, [], [], []))
+            group.indices.append(i)
+            group.events.append(event)
+            group.key_rows.append(key_row)
+        for group in groups.values():
+            version = self.version(group.section)
+            _as_json_values(group.events, version)
+            _as_json_values(group.key_rows, version)
+        return list(groups.values())
+
+
+def _decode(
+    group: _Group, columns: list[Column], key: list[str], positions: pa.Table, rows: list[int]
+) -> Decoded:
+    """The group's ``rows`` through the JSON path's checks and conversions."""
+    envelope, key_table = group.tables(columns, key, rows)
+    taken = positions.take(pa.array([group.indices[r] for r in rows], pa.int64()))
+    return decode_envelopes(envelope, key_table, taken, columns, key)
+
+
+def _isolating(
+    group: _Group,
+    columns: list[Column],
+    key: list[str],
+    positions: pa.Table,
+    rows: list[int],
+    dead: dict[int, str],
+) -> list[tuple[Decoded, list[int]]]:
+    """The group's ``rows`` decoded together; when that is refused, each half on its own, down to the
+    refused record, which goes to ``dead`` with the reason."""
+    try:
+        return [(_decode(group, columns, key, positions, rows), [group.indices[r] for r in rows])]
+    except (Declined, pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        if len(rows) == 1:
+            dead[group.indices[rows[0]]] = _reason(exc)
+            return []
+    half = len(rows) // 2
+    return [
+        *_isolating(group, columns, key, positions, rows[:half], dead),
+        *_isolating(group, columns, key, positions, rows[half:], dead),
+    ]
 
 
 def _reason(exc: Exception) -> str:

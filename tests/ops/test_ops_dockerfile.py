@@ -271,7 +271,9 @@ def test_fetch_jars_downloads_and_verifies(tmp_path: Path) -> None:
 
 def test_runtime_is_small_non_root_healthy_and_secret_free(dockerfile: Dockerfile) -> None:
     assert dockerfile.stages[-1] == "runtime", "the default (last) stage must be the runtime image"
-    assert {"jars", "build", "runtime-base", "query", "runtime"} <= set(dockerfile.stages)
+    assert {"jars", "native", "build", "runtime-base", "query", "runtime"} <= set(dockerfile.stages)
+    installed = " ".join(i.args for i in dockerfile.of("RUN", "build"))
+    assert "/native/icesink_avrodec-" in installed, "the native Avro decoder must be in the image's venv"
     base_args = next(
         i.args for i in dockerfile.instructions if i.keyword == "ARG" and "PYTHON_IMAGE" in i.args
     )
