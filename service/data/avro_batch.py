@@ -118,10 +118,9 @@ def envelopes(batch: pa.StructArray, columns: list[Column]) -> pa.Table:
     ``payload``, row for row."""
     body = envelope_schema(columns)
     source_type = body.field("source").type
-    missing = [name for name in ("op", "source") if batch.type.get_field_index(name) < 0]
-    if missing:
-        raise NotBatchable(f"an envelope without {', '.join(missing)}")
-    source = _child(batch, "source", source_type)
+    if batch.type.get_field_index("op") < 0:
+        raise NotBatchable("an envelope without op")
+    source = _child(batch, "source", source_type)  # a producer other than Debezium may have none
     if not pa.types.is_struct(source.type):
         raise NotBatchable(f"a source of type {source.type}")
     assert isinstance(source, pa.StructArray)
@@ -140,20 +139,29 @@ def envelopes(batch: pa.StructArray, columns: list[Column]) -> pa.Table:
     )
 
 
-def keys(rows: list[dict[str, Any]], envelope: pa.Table, key: list[str]) -> pa.Table:
-    """Key columns read from the records' keys (``{}`` where none was read), in the types of the
-    envelope's row images so that the two can be coalesced; a row whose key does not fit them is
-    left null (its delete takes the key from its before image, as a key that can't be read does)."""
-    image = envelope.schema.field("after").type
-    key_type = pa.struct([image.field(name) for name in key])
-    try:
-        return pa.Table.from_struct_array(pa.array(rows, key_type))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        fitting = []
-        for row in rows:
-            try:
-                pa.array([row], key_type)
-                fitting.append(row)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-                fitting.append({})
-        return pa.Table.from_struct_array(pa.array(fitting, key_type))
+def key_columns(batch: pa.StructArray, columns: list[Column]) -> pa.Table:
+    """A decoded batch of record keys → the key ``columns`` (in the types :func:`envelopes` gives)."""
+    return pa.table({c.name: _as_wire(_child(batch, c.name, wire_type(c)), c) for c in columns})
+
+
+def key_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Keys read one at a time (``{}`` where none was read) in the columns of ``schema``; a row
+    whose key does not fit them is left null."""
+    fitting = []
+    for row in rows:
+        try:
+            pa.array([row], pa.struct(list(schema)))
+            fitting.append(row)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            fitting.append({})
+    return pa.Table.from_struct_array(pa.array(fitting, pa.struct(list(schema))))
+
+
+def scatter(pieces: list[tuple[list[int], pa.Table]], length: int, schema: pa.Schema) -> pa.Table:
+    """``length`` rows of ``schema``: each piece's table at its row numbers, null elsewhere."""
+    placed = [r for rows, _ in pieces for r in rows]
+    missing = np.setdiff1d(np.arange(length), np.asarray(placed, dtype=np.int64))
+    tables = [table.select(schema.names).cast(schema) for _, table in pieces]
+    tables.append(pa.table({f.name: pa.nulls(len(missing), f.type) for f in schema}, schema=schema))
+    order = np.argsort(np.concatenate([np.asarray(placed, dtype=np.int64), missing]), kind="stable")
+    return pa.concat_tables(tables).take(pa.array(order))

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -269,16 +270,15 @@ class _Task:
     def read_batches(self) -> tuple[list[_Batch], list[int]]:
         """The Avro records the native decoder reads, a batch per schema id; and those left to read
         one by one."""
-        pending = [i for i in range(len(self.values)) if i not in self.dead]
+        pending = np.ones(len(self.values), dtype=bool)
+        pending[list(self.dead)] = False
         if self.schemas.format != "debezium-avro" or not avro_batch.available():
-            return [], pending
+            return [], np.flatnonzero(pending).tolist()
         ids = avro_batch.schema_ids(self.values)
-        by_id: dict[int, list[int]] = {}
-        rest: list[int] = []
-        for i in pending:
-            (by_id.setdefault(int(ids[i]), []) if ids[i] >= 0 else rest).append(i)
+        rest = np.flatnonzero(pending & (ids < 0)).tolist()
         batches = []
-        for schema_id, indices in by_id.items():
+        for schema_id in np.unique(ids[pending & (ids >= 0)]).tolist():
+            indices = np.flatnonzero(pending & (ids == schema_id)).tolist()
             try:
                 batch = self._read_batch(schema_id, indices)
             except (avro_batch.NotBatchable, UnknownSchema, SchemaError) as exc:
@@ -291,9 +291,7 @@ class _Task:
         return batches, sorted(rest)
 
     def _read_batch(self, schema_id: int, indices: list[int]) -> _Batch | None:
-        schema = self.schemas.get(schema_id)
-        if not isinstance(schema, AvroSchema):
-            raise avro_batch.NotBatchable(f"schema id {schema_id} is not Avro")
+        schema = self._avro(schema_id)
         values = [self.values[i] for i in indices]
         array, good, bad = avro_batch.decode(schema_id, schema.decoding_text, values)  # type: ignore[arg-type]
         for j, reason in bad:
@@ -305,23 +303,51 @@ class _Task:
         if section in self.rejected:
             self.dead.update(dict.fromkeys(members, self.rejected[section]))
             return None
-        envelope = avro_batch.envelopes(array, self.version(section))
+        version = self.version(section)
+        envelope = avro_batch.envelopes(array, version)
         truncated = pc.fill_null(pc.equal(envelope["op"], TRUNCATE_OP), False)
         if pc.any(truncated).as_py():
+            flags = truncated.to_pylist()
             self.dead.update(
-                dict.fromkeys(
-                    [m for m, t in zip(members, truncated.to_pylist(), strict=True) if t], TRUNCATE_REASON
-                )
+                dict.fromkeys([m for m, t in zip(members, flags, strict=True) if t], TRUNCATE_REASON)
             )
-            members = [m for m, t in zip(members, truncated.to_pylist(), strict=True) if not t]
+            members = [m for m, t in zip(members, flags, strict=True) if not t]
             envelope = envelope.filter(pc.invert(truncated))
-        deletes = pc.fill_null(pc.equal(envelope["op"], DELETE_OP), False).to_pylist()
-        key_rows = [self._key(self.keys[m]) if d else {} for m, d in zip(members, deletes, strict=True)]
-        return _Batch(section, members, envelope, avro_batch.keys(key_rows, envelope, self.key))
+        deletes = pc.fill_null(pc.equal(envelope["op"], DELETE_OP), False).to_numpy(zero_copy_only=False)
+        return _Batch(section, members, envelope, self._batch_keys(members, deletes, envelope, version))
+
+    def _avro(self, schema_id: int) -> AvroSchema:
+        schema = self.schemas.get(schema_id)
+        if not isinstance(schema, AvroSchema):
+            raise avro_batch.NotBatchable(f"schema id {schema_id} is not Avro")
+        return schema
+
+    def _batch_keys(
+        self, members: list[int], deletes: np.ndarray, envelope: pa.Table, version: list[Column]
+    ) -> pa.Table:
+        """The key columns of a batch's deletes from their record keys, read a key schema id at a time
+        like the values; null where a delete has no key or it can't be read (its before image holds
+        the key columns too), and for the other changes."""
+        by_name = {c.name: c for c in version}
+        key_columns = [by_name[k] for k in self.key]
+        image = envelope.schema.field("after").type
+        schema = pa.schema([image.field(k) for k in self.key])
+        rows = [r for r in np.flatnonzero(deletes).tolist() if self.keys[members[r]] is not None]
+        ids = avro_batch.schema_ids([self.keys[members[r]] for r in rows])
+        pieces: list[tuple[list[int], pa.Table]] = []
+        for key_id in np.unique(ids).tolist():
+            at = [rows[j] for j in np.flatnonzero(ids == key_id).tolist()]
+            keys = [self.keys[members[r]] for r in at]
+            try:
+                array, good, _ = avro_batch.decode(key_id, self._avro(key_id).decoding_text, keys)  # type: ignore[arg-type]
+                if array is not None:
+                    pieces.append(([at[g] for g in good], avro_batch.key_columns(array, key_columns)))
+            except (avro_batch.NotBatchable, UnknownSchema, SchemaError):  # -1 (no header) too
+                pieces.append((at, avro_batch.key_rows([self._key(k) for k in keys], schema)))
+        return avro_batch.scatter(pieces, len(members), schema)
 
     def _key(self, data: bytes | None) -> dict[str, Any]:
-        """A delete's key columns from its record key; {} when it has none or can't be read (its before
-        image holds the key columns too)."""
+        """A delete's key columns read one at a time; {} when it can't be read."""
         if data is None:
             return {}
         try:

@@ -187,13 +187,14 @@ def _decode(values: list[bytes | None], keys: list[bytes | None]) -> registry_de
 
 
 @pytest.fixture
-def batches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """How many records each call of the native decoder was given."""
-    calls: list[int] = []
+def batches(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """Each call of the native decoder: (schema id, how many records it was given); values are of
+    schema 2, keys of schema 1."""
+    calls: list[tuple[int, int]] = []
     decode = avro_batch.decode
 
     def counted(schema_id: int, schema: str, values: list[bytes]) -> Any:
-        calls.append(len(values))
+        calls.append((schema_id, len(values)))
         return decode(schema_id, schema, values)
 
     monkeypatch.setattr(avro_batch, "decode", counted)
@@ -212,14 +213,14 @@ def test_the_native_decoder_is_built() -> None:
 
 
 def test_a_batch_decodes_to_the_same_changes_as_reading_record_by_record(
-    batches: list[int], monkeypatch: pytest.MonkeyPatch
+    batches: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values, keys = _records()
     native = _decode(values, keys)
-    assert batches == [60], "every record went through the native decoder in one batch"
+    assert batches == [(2, 60), (1, 15)], "the records in one batch, then the 15 deletes' keys in one"
     _one_by_one(monkeypatch)
     plain = _decode(values, keys)
-    assert batches == [60]
+    assert len(batches) == 2
     assert native.dead.num_rows == plain.dead.num_rows == 0, native.dead.column("error").to_pylist()
     assert native.decoded.rows.schema == plain.decoded.rows.schema
     assert native.decoded.rows.to_pylist() == plain.decoded.rows.to_pylist()
@@ -228,17 +229,17 @@ def test_a_batch_decodes_to_the_same_changes_as_reading_record_by_record(
 
 
 def test_a_delete_takes_its_key_from_the_record_key_when_its_before_image_has_none(
-    batches: list[int],
+    batches: list[tuple[int, int]],
 ) -> None:
     schema = _schema()
     event = {"before": None, "after": None, "source": {"ts_ms": 1}, "op": "d", "ts_ms": 5}
     result = _decode([_write(schema, event, 2)], [_write(KEY, {"id": 41}, 1)])
-    assert batches == [1]
+    assert batches == [(2, 1), (1, 1)]
     assert result.decoded.rows.column("id").to_pylist() == [41]
 
 
 def test_bad_records_are_the_same_dead_letters_either_way(
-    batches: list[int], monkeypatch: pytest.MonkeyPatch
+    batches: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values, keys = _records()
     good = values[:6]
@@ -254,7 +255,7 @@ def test_bad_records_are_the_same_dead_letters_either_way(
     mixed = [*good, *bad, None]  # and a tombstone (of key 0)
     mixed_keys = [*keys[:6], *keys[:6], keys[0]]
     native = _decode(mixed, mixed_keys)
-    assert batches == [10], "the framed records of schema 2 went to the native decoder together"
+    assert batches == [(2, 10), (1, 1)], "the framed records of schema 2 went to the decoder together"
     _one_by_one(monkeypatch)
     plain = _decode(mixed, mixed_keys)
     for result in (native, plain):
@@ -272,12 +273,28 @@ def test_bad_records_are_the_same_dead_letters_either_way(
     assert native.decoded.rows.column("id").to_pylist() == [0, 1, 2, 3, 4, 5, 0]
 
 
-def test_a_value_that_does_not_fit_its_column_is_isolated_in_the_batch(batches: list[int]) -> None:
+def test_a_value_that_does_not_fit_its_column_is_isolated_in_the_batch(
+    batches: list[tuple[int, int]],
+) -> None:
     values, keys = _records()
     row = {**_row(1), "amount": _unscaled(Decimal("123456789.99"), 2)}  # 11 digits in decimal(10,2)
     event = {"before": None, "after": row, "source": {"ts_ms": 1}, "op": "c", "ts_ms": 5}
     result = _decode([*values[:4], _write(_schema(), event, 2)], keys[:5])
-    assert batches == [5]
+    assert batches == [(2, 5), (1, 1)]
     assert result.dead.column("offset").to_pylist() == [4]
     assert "a decimal out of range for decimal(10, 2)" in result.dead.column("error")[0].as_py()
     assert result.decoded.rows.num_rows == 4
+
+
+def test_a_delete_whose_key_cannot_be_read_takes_its_key_from_its_before_image(
+    batches: list[tuple[int, int]],
+) -> None:
+    schema = _schema()
+    before = {**{n: None for n, _ in COLUMNS}, "id": 7}
+    event = {"before": before, "after": None, "source": {"ts_ms": 1}, "op": "d", "ts_ms": 5}
+    value = _write(schema, event, 2)
+    keys: list[bytes | None] = [b'{"id": 7}', framed(9, b"\x0e"), _write(KEY, {"id": 7}, 1)[:-1]]
+    result = _decode([value] * 3, keys)  # another converter's key, an unknown key id, a cut key
+    assert batches == [(2, 3), (1, 1)], "the framed key of a known id went to the decoder"
+    assert result.dead.num_rows == 0
+    assert result.decoded.rows.column("id").to_pylist() == [7, 7, 7]
