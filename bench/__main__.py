@@ -26,6 +26,7 @@ from bench.workload import (
     SteadyProducer,
     Workload,
     as_avro,
+    delete_created_topics,
     ensure_topic,
     produce,
     produce_many,
@@ -763,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench.spark is not None:
             bench.spark.stop()
+        delete_created_topics(stack.kafka)
     base = out / f"{'soak' if parts == ['soak'] else args.size}-{stamp}"
     report.write_json(results, base.with_suffix(".json"))
     written = [base.with_suffix(".json")]

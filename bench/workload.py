@@ -146,10 +146,30 @@ class Workload:
 # -- Kafka -------------------------------------------------------------------------------------------------
 
 
+CREATED_TOPICS: list[str] = []  # every topic this process made: deleted when the bench ends
+
+
 def ensure_topic(bootstrap: str, topic: str, partitions: int) -> None:
     from service.sample import ensure_topic as ensure
 
     ensure(bootstrap, topic, partitions)
+    CREATED_TOPICS.append(topic)
+
+
+def delete_created_topics(bootstrap: str) -> None:
+    """Delete the topics :func:`ensure_topic` made (a benchmark's million events each)."""
+    from confluent_kafka.admin import AdminClient
+
+    if not CREATED_TOPICS:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until every future has its answer
+    futures = admin.delete_topics(sorted(set(CREATED_TOPICS)))
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=30)
+        except Exception as exc:  # the results are written already; say what is left behind
+            print(f"could not delete topic {topic}: {exc}", flush=True)
+    CREATED_TOPICS.clear()
 
 
 def _producer(bootstrap: str) -> Any:
