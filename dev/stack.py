@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
@@ -15,6 +15,7 @@ an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST
 Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database) and Trino (a single
 node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables) and a schema
 registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro)
+and AWS Glue's API (moto's server, in memory: a catalog of type glue, its files on the S3 server)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -27,6 +28,7 @@ Environment knobs (all optional):
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
+  ICESINK_GLUE_PORT=18087
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -106,6 +108,7 @@ class Config:
     registry_management_port: int = field(
         default_factory=lambda: _env_int("ICESINK_REGISTRY_MANAGEMENT_PORT", 18086)
     )
+    glue_port: int = field(default_factory=lambda: _env_int("ICESINK_GLUE_PORT", 18087))
     # A Spark standalone master and two workers (each: an RPC port and a web UI port; the UIs answer the
     # health probes).
     spark_master_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_MASTER_PORT", 17077))
@@ -147,6 +150,11 @@ class Config:
     def registry_uri(self) -> str:
         """The registry's Confluent-compatible API (what source.schema_registry.url names)."""
         return f"http://{HOST}:{self.registry_port}/apis/ccompat/v7"
+
+    @property
+    def glue_endpoint(self) -> str:
+        """AWS Glue's API as moto's server answers it (a catalog of type glue with glue.endpoint)."""
+        return f"http://{HOST}:{self.glue_port}"
 
     @property
     def spark_master(self) -> str:
@@ -970,6 +978,44 @@ def s3_ready() -> str:
     return "answers"
 
 
+# ---- AWS Glue (moto's server)
+
+
+def glue_start() -> subprocess.Popen[bytes]:
+    """moto's server, for its AWS Glue API only (the tables' files stay on the S3 server): its Data
+    Catalog in memory, conditional table updates (VersionId) as AWS's."""
+    moto = venv_bin("moto_server")
+    if not moto:
+        raise StackError("moto_server not found (install the dev extras: scripts/bootstrap)")
+    data = RUN / "glue"
+    data.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": CFG.s3_access_key, "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key}
+    return spawn(SERVICES["glue"], [moto, "-H", HOST, "-p", str(CFG.glue_port)], env=env, cwd=data)
+
+
+def glue_health() -> str:
+    """GetDatabases through the Glue API (JSON 1.1, as the AWS SDKs call it; moto checks no signature)."""
+    conn = http.client.HTTPConnection(HOST, CFG.glue_port, timeout=5)
+    try:
+        conn.request(
+            "POST",
+            "/",
+            body=b"{}",
+            headers={
+                "Content-Type": "application/x-amz-json-1.1",
+                "X-Amz-Target": "AWSGlue.GetDatabases",
+                "Authorization": f"AWS4-HMAC-SHA256 Credential={CFG.s3_access_key}/20260101/{CFG.region}/glue/aws4_request, SignedHeaders=host, Signature=0",
+            },
+        )
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise StackError(f"GetDatabases: HTTP {resp.status} {body[:200]!r}")
+    return f"AWS Glue API (moto), {len(json.loads(body).get('DatabaseList', []))} database(s)"
+
+
 # ---- Kafka
 
 
@@ -1438,6 +1484,7 @@ SERVICES: dict[str, Service] = {
     "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
     "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
     "registry": Service("registry", CFG.registry_port, "quarkus-run.jar", registry_start, registry_health),
+    "glue": Service("glue", CFG.glue_port, f"-p {CFG.glue_port}", glue_start, glue_health),
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -1538,7 +1585,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
     # Spark's workers (the master).
-    later = ["rest", "connect", "trino", "registry", *SPARK_WORKER_NAMES]
+    later = ["rest", "connect", "trino", "registry", "glue", *SPARK_WORKER_NAMES]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1656,6 +1703,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_CONNECT_URI": CFG.connect_uri,
         "ICESINK_TRINO_URI": CFG.trino_uri,
         "ICESINK_SCHEMA_REGISTRY_URL": CFG.registry_uri,
+        "ICESINK_GLUE_ENDPOINT": CFG.glue_endpoint,
         "ICESINK_SPARK_MASTER": CFG.spark_master,
         "ICESINK_SPARK_MASTER_UI": f"http://{HOST}:{CFG.spark_master_ui_port}",
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),

@@ -598,6 +598,25 @@ class MaintenanceConfig(_Section):
         return parse_duration(value)
 
 
+# Catalog types the sink refuses, and why (docs/configuration.md, "Catalogs, stores and readers").
+_IN_MEMORY = (
+    "its tables live in one process's memory: the maintainer, another replica, Spark's tasks and every "
+    "reader see none of them, and a restart loses them all; use sql (on Postgres) or a catalog server"
+)
+_FILE_SYSTEM = (
+    "a file-system (Hadoop) catalog commits by renaming a metadata file, which an object store can't do "
+    "atomically, so two writers can both win; pyiceberg has none either; use sql (on Postgres) for a "
+    "catalog without a server, or rest"
+)
+_REFUSED_CATALOGS = {
+    "in-memory": _IN_MEMORY,
+    "memory": _IN_MEMORY,
+    "hadoop": _FILE_SYSTEM,
+    "filesystem": _FILE_SYSTEM,
+    "file": _FILE_SYSTEM,
+}
+
+
 class SinkConfig(_Section):
     sink_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     kafka: KafkaConfig
@@ -631,6 +650,15 @@ class SinkConfig(_Section):
             return str(v).lower() if isinstance(v, bool) else str(v)
 
         return {str(k): normalise(v) for k, v in value.items()}
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_supported(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Catalog types the commit protocol can't rely on are refused before anything starts."""
+        kind = str(value.get("type", "")).lower()
+        if kind in _REFUSED_CATALOGS:
+            raise ValueError(f"catalog.type {kind}: {_REFUSED_CATALOGS[kind]}")
+        return value
 
     @model_validator(mode="after")
     def _overrides_name_tables(self) -> SinkConfig:

@@ -49,6 +49,7 @@ JARS_ENV = "ICESINK_SPARK_JARS"
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 DEFAULT_IVY_HOME = Path("~/.ivy2.5.2")  # Spark 4's default for spark.jars.ivy
 TOKEN_PROVIDER_VERSION = "4.0.0"  # the same jar as deploy/docker/spark-jars.txt
+POSTGRES_JDBC = "org.postgresql:postgresql:42.7.7"  # the same jar as deploy/docker/spark-jars.txt
 
 # The classes the Kafka source needs, each with the artifact that holds it.
 REQUIRED_CLASSES: tuple[tuple[str, str], ...] = (
@@ -135,11 +136,13 @@ def ivy_home(spark: SparkConfig) -> Path:
 
 
 def iceberg_coordinates() -> tuple[str, ...]:
-    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, and its AWS bundle."""
+    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, its AWS bundle,
+    and the Postgres JDBC driver (a SQL catalog on Postgres is Iceberg's JdbcCatalog in Spark)."""
     spark_minor = ".".join(spark_version().split(".")[:2])
     return (
         f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{ICEBERG_VERSION}",
         f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",
+        POSTGRES_JDBC,
     )
 
 

@@ -200,6 +200,23 @@ def trino(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="session")
+def glue(stack: Stack) -> str:
+    """The stack's AWS Glue API (moto's server; its endpoint), for catalogs of type glue."""
+    endpoint = load_stack_env(("ICESINK_GLUE_ENDPOINT",))["ICESINK_GLUE_ENDPOINT"].rstrip("/")
+    try:
+        import boto3
+
+        boto3.client("glue", endpoint_url=endpoint, region_name=stack.region).get_databases()
+    except Exception as exc:
+        pytest.fail(
+            f"the Glue API at {endpoint} does not answer ({exc}): `dev/stack up` (or `dev/stack start glue`); "
+            "log in .cache/run/logs/glue.log",
+            pytrace=False,
+        )
+    return endpoint
+
+
+@pytest.fixture(scope="session")
 def spark_cluster(stack: Stack) -> SparkCluster:
     """The stack's Spark standalone cluster (a master, two 1-core workers); fails loudly unless both
     workers are alive."""

@@ -34,6 +34,8 @@ _SAME_NAME = (
     "s3.access-key-id",
     "s3.secret-access-key",
     "s3.session-token",
+    "glue.endpoint",
+    "glue.id",
 )
 _TYPES = {"rest": "rest", "glue": "glue", "hive": "hive"}
 
@@ -45,6 +47,51 @@ def _inferred_type(config: SinkConfig) -> str:
     except ValueError:  # a uri pyiceberg can't place: pyiceberg itself would refuse it
         return "rest"
     return inferred.value if inferred else "rest"
+
+
+def _jdbc(props: dict[str, Any]) -> dict[str, str]:
+    """pyiceberg's SQL catalog on Postgres (a SQLAlchemy URL) as Iceberg's JdbcCatalog: the two keep the
+    same tables (``iceberg_tables``, ``iceberg_namespace_properties``), rows keyed by the catalog's name,
+    which is why the maintainer's Spark catalog takes the sink's catalog name (:func:`spark_catalog_name`).
+    The driver is Postgres's JDBC jar, one of the jars icesink ships (``deploy/docker/spark-jars.txt``)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(str(props.get("uri", "")))
+    except ArgumentError:
+        raise ConfigError("catalog.uri: not a SQLAlchemy database URL") from None
+    if url.get_backend_name() != "postgresql":
+        raise ConfigError(
+            f"maintenance: a SQL catalog on {url.get_backend_name()} has no JDBC driver icesink ships "
+            "(Postgres has); describe it to Spark in maintenance.spark_catalog (type: jdbc, uri, jdbc.user, "
+            "and the driver's jar in spark.jars)"
+        )
+    conf = {
+        "type": "jdbc",
+        "uri": f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}",
+    }
+    if url.username:
+        conf["jdbc.user"] = url.username
+    if url.password:
+        conf["jdbc.password"] = str(url.password)
+    for key, value in url.query.items():  # sslmode, ... are properties of the Postgres driver too
+        conf[f"jdbc.{key}"] = value if isinstance(value, str) else value[-1]
+    return conf
+
+
+def spark_catalog_name(config: SinkConfig) -> str:
+    """The catalog's name in the maintainer's Spark session: the sink's own for a SQL catalog, whose rows
+    are keyed by it (:func:`_jdbc`); ``icesink`` otherwise."""
+    kind = str(config.catalog_properties.get("type") or _inferred_type(config))
+    if kind != "sql" or {"type", "catalog-impl"} & set(config.maintenance.spark_catalog):
+        return CATALOG
+    if config.catalog_name in ("spark_catalog", "system", "session"):
+        raise ConfigError(
+            f"maintenance: a SQL catalog named {config.catalog_name!r} can't be a Spark catalog of that "
+            "name; give the catalog another name (catalog.name)"
+        )
+    return config.catalog_name
 
 
 def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
@@ -65,6 +112,8 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
     }
     if kind in _TYPES:
         conf[f"{prefix}.type"] = _TYPES[kind]
+    elif kind == "sql" and not ({"type", "catalog-impl"} & set(given)):
+        conf.update({f"{prefix}.{k}": v for k, v in _jdbc(props).items()})
     elif not ({"type", "catalog-impl"} & set(given)):
         raise ConfigError(
             f"maintenance: the catalog type {kind!r} has no Spark equivalent icesink knows; describe the "
@@ -72,7 +121,7 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
         )
     for key in _SAME_NAME:
         if isinstance(props.get(key), str):
-            conf[f"{prefix}.{key}"] = props[key]
+            conf.setdefault(f"{prefix}.{key}", props[key])
     conf.update(
         {f"{prefix}.{k}": v for k, v in props.items() if k.startswith("header.") and isinstance(v, str)}
     )

@@ -24,7 +24,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
     from service.health import Health
     from service.iceberg.tables import open_catalog
     from service.maintenance.maintainer import Maintainer
-    from service.maintenance.spark import CATALOG, catalog_conf
+    from service.maintenance.spark import catalog_conf, spark_catalog_name
     from service.metrics import setup_metrics
     from service.ops.common import command_owner
     from service.retrying import brief
@@ -45,7 +45,8 @@ def maintain(config: SinkConfig, once: bool) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:
-        spark_catalog = catalog_conf(config)
+        name = spark_catalog_name(config)
+        spark_catalog = catalog_conf(config, name)
     except ConfigError as exc:
         logger.error("cannot start: %s", exc)
         return EXIT_CONFIG
@@ -59,7 +60,7 @@ def maintain(config: SinkConfig, once: bool) -> int:
     health = Health()
     try:
         maintainer = Maintainer(
-            config, spark, CATALOG, open_catalog(config), log, metrics, command_owner("maintain"), stop=stop
+            config, spark, name, open_catalog(config), log, metrics, command_owner("maintain"), stop=stop
         )
         if not once:
             if config.health.port is not None:

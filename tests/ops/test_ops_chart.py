@@ -625,10 +625,10 @@ def test_a_template_sink_needs_no_key(rendered: dict[str, list[dict[str, Any]]],
         (
             "a catalog Spark's Iceberg catalogs don't know, undescribed",
             {
-                "config": {"catalog": {"type": "sql", "uri": "${CATALOG_URI}"}},
+                "config": {"catalog": {"type": "dynamodb", "dynamodb.region": "eu-west-1"}},
                 "maintenance": {"enabled": True},
             },
-            "maintenance: the catalog type sql has no Spark equivalent icesink knows",
+            "maintenance: the catalog type dynamodb has no Spark equivalent icesink knows",
         ),
     ],
 )

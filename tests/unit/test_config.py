@@ -101,6 +101,14 @@ def test_variable_scale_decimal_is_a_string_or_a_decimal() -> None:
             ),
             "commit.min_size/max_period buffer batches for Spark's decoder, which does not read debezium-avro",
         ),
+        (
+            with_(catalog={"type": "in-memory"}),
+            "catalog: .*catalog.type in-memory: its tables live in one process's memory",
+        ),
+        (
+            with_(catalog={"type": "hadoop", "warehouse": "s3://b/w"}),
+            "catalog: .*catalog.type hadoop: a file-system .* can't do atomically",
+        ),
     ],
 )
 def test_errors_name_the_key(raw: dict[str, Any], message: str) -> None:

@@ -16,7 +16,7 @@ from service import spark_jars
 from service.config import ConfigError, MaintenanceConfig, SparkConfig, parse_config
 from service.iceberg.row_delta import ManifestMerge
 from service.iceberg.tables import metadata_properties
-from service.maintenance.spark import catalog_conf
+from service.maintenance.spark import catalog_conf, spark_catalog_name
 from service.maintenance.table_health import TableHealth
 from service.maintenance.tasks import (
     Compact,
@@ -139,13 +139,44 @@ def test_rest_catalog_on_s3_maps_to_sparks_iceberg_catalog() -> None:
 
 
 def test_a_catalog_spark_does_not_know_needs_maintenance_spark_catalog() -> None:
-    sql = with_(catalog={"type": "sql", "uri": "postgresql+psycopg://u@h/db", "warehouse": "s3://b/w"})
+    dynamo = with_(catalog={"type": "dynamodb", "dynamodb.region": "eu-west-1", "warehouse": "s3://b/w"})
     with pytest.raises(ConfigError, match=r"maintenance\.spark_catalog"):
-        catalog_conf(parse_config(sql, env={}))
-    jdbc = {"type": "jdbc", "uri": "jdbc:postgresql://h/db", "jdbc.user": "u"}
-    conf = catalog_conf(parse_config({**sql, "maintenance": {"spark_catalog": jdbc}}, env={}), "c")
-    assert conf["spark.sql.catalog.c.type"] == "jdbc"
-    assert conf["spark.sql.catalog.c.uri"] == "jdbc:postgresql://h/db"  # the given value wins
+        catalog_conf(parse_config(dynamo, env={}))
+    jdbc = {"catalog-impl": "org.apache.iceberg.aws.dynamodb.DynamoDbCatalog"}
+    conf = catalog_conf(parse_config({**dynamo, "maintenance": {"spark_catalog": jdbc}}, env={}), "c")
+    assert conf["spark.sql.catalog.c.catalog-impl"] == "org.apache.iceberg.aws.dynamodb.DynamoDbCatalog"
+
+
+def test_a_sql_catalog_on_postgres_is_icebergs_jdbc_catalog_under_the_sinks_catalog_name() -> None:
+    sql = with_(
+        catalog={
+            "name": "lake",
+            "type": "sql",
+            "uri": "postgresql+psycopg://ice:${PW}@db.example:6543/catalog?sslmode=require",
+            "warehouse": "s3://b/w",
+        }
+    )
+    config = parse_config(sql, env={"PW": "s3cr3t"})
+    name = spark_catalog_name(config)
+    assert name == "lake", "JdbcCatalog keys its rows by the catalog's name: the sink's"
+    conf = catalog_conf(config, name)
+    assert conf["spark.sql.catalog.lake.type"] == "jdbc"
+    assert conf["spark.sql.catalog.lake.uri"] == "jdbc:postgresql://db.example:6543/catalog"
+    assert conf["spark.sql.catalog.lake.jdbc.user"] == "ice"
+    assert conf["spark.sql.catalog.lake.jdbc.password"] == "s3cr3t"
+    assert conf["spark.sql.catalog.lake.jdbc.sslmode"] == "require"
+    assert conf["spark.sql.catalog.lake.warehouse"] == "s3://b/w"
+    assert conf["spark.sql.defaultCatalog"] == "lake"
+    given = {"maintenance": {"spark_catalog": {"type": "jdbc", "uri": "jdbc:postgresql://other/db"}}}
+    described = parse_config({**sql, **given}, env={"PW": "x"})
+    assert spark_catalog_name(described) == "icesink"
+    assert catalog_conf(described)["spark.sql.catalog.icesink.uri"] == "jdbc:postgresql://other/db"
+
+
+def test_a_sql_catalog_without_a_driver_icesink_ships_is_refused_naming_it() -> None:
+    sqlite = with_(catalog={"type": "sql", "uri": "sqlite:////tmp/catalog.db", "warehouse": "file:///w"})
+    with pytest.raises(ConfigError, match="a SQL catalog on sqlite has no JDBC driver icesink ships"):
+        catalog_conf(parse_config(sqlite, env={}))
 
 
 def test_jar_files_without_icebergs_runtime_are_refused_before_spark_starts(tmp_path: Path) -> None:

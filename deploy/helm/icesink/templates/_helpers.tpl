@@ -153,7 +153,7 @@ a Prometheus endpoint only for the long-running Deployment (a CronJob's pods are
 {{- /* as service/maintenance/spark.py: the catalog must be one Spark's Iceberg catalogs know, or described */ -}}
 {{- $kind := toString (default "rest" (get (default (dict) .Values.config.catalog) "type")) -}}
 {{- $given := default (dict) (get (default (dict) .Values.config.maintenance) "spark_catalog") -}}
-{{- if not (or (has $kind (list "rest" "glue" "hive")) (contains "${" $kind) (hasKey $given "type") (hasKey $given "catalog-impl")) -}}
+{{- if not (or (has $kind (list "rest" "glue" "hive" "sql")) (contains "${" $kind) (hasKey $given "type") (hasKey $given "catalog-impl")) -}}
 {{- fail (printf "maintenance: the catalog type %s has no Spark equivalent icesink knows; describe the catalog to Spark in config.maintenance.spark_catalog (type or catalog-impl, and its properties)" $kind) -}}
 {{- end -}}
 {{- end -}}
