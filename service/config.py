@@ -658,6 +658,9 @@ class SinkConfig(_Section):
         kind = str(value.get("type", "")).lower()
         if kind in _REFUSED_CATALOGS:
             raise ValueError(f"catalog.type {kind}: {_REFUSED_CATALOGS[kind]}")
+        uri = str(value.get("uri", ""))
+        if kind == "sql" and (uri.rstrip("/") == "sqlite:" or ":memory:" in uri):
+            raise ValueError(f"catalog.uri {uri}: an in-memory SQLite database: {_IN_MEMORY}")
         return value
 
     @model_validator(mode="after")

@@ -68,6 +68,13 @@ def decode(
     return (None if batch is None else pa.array(batch)), good, bad
 
 
+def ops(batch: pa.StructArray) -> pa.Array:
+    """A decoded batch's ``op`` field as text; NotBatchable when it has none."""
+    if batch.type.get_field_index("op") < 0:
+        raise NotBatchable("an envelope without op")
+    return _cast(batch.field("op"), pa.string(), "op")
+
+
 def _child(struct: pa.StructArray, name: str, fallback: pa.DataType) -> pa.Array:
     index = struct.type.get_field_index(name)
     return struct.field(index) if index >= 0 else pa.nulls(len(struct), fallback)
@@ -78,7 +85,7 @@ def _cast(values: pa.Array, target: pa.DataType, what: str) -> pa.Array:
         values = values.dictionary_decode()
     try:
         return pc.cast(values, target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise NotBatchable(f"{what}: {values.type} is not {target}: {exc}") from None
 
 
@@ -87,8 +94,10 @@ def _as_wire(values: pa.Array, column: Column) -> pa.Array:
     if column.is_list:
         if not pa.types.is_list(values.type):
             raise NotBatchable(f"column {column.name}: {values.type} is not a list")
-        items = _as_wire(values.flatten(), column.element())
-        offsets = pc.subtract(values.offsets, values.offsets[0])
+        # The elements the offsets span (flatten() would leave out those behind a null list).
+        start, end = values.offsets[0].as_py(), values.offsets[-1].as_py()
+        items = _as_wire(values.values.slice(start, end - start), column.element())
+        offsets = pc.subtract(values.offsets, start)
         return pa.ListArray.from_arrays(offsets, items, mask=values.is_null())
     if column.encoding in _BYTES:
         return _cast(values, pa.binary(), f"column {column.name}")
@@ -118,8 +127,7 @@ def envelopes(batch: pa.StructArray, columns: list[Column]) -> pa.Table:
     ``payload``, row for row."""
     body = envelope_schema(columns)
     source_type = body.field("source").type
-    if batch.type.get_field_index("op") < 0:
-        raise NotBatchable("an envelope without op")
+    op = ops(batch)
     source = _child(batch, "source", source_type)  # a producer other than Debezium may have none
     if not pa.types.is_struct(source.type):
         raise NotBatchable(f"a source of type {source.type}")
@@ -130,7 +138,7 @@ def envelopes(batch: pa.StructArray, columns: list[Column]) -> pa.Table:
         {
             "before": _image(_child(batch, "before", empty), columns),
             "after": _image(_child(batch, "after", empty), columns),
-            "op": _cast(batch.field("op"), pa.string(), "op"),
+            "op": op,
             "ts_ms": _cast(_child(batch, "ts_ms", pa.int64()), pa.int64(), "ts_ms"),
             "source": pa.StructArray.from_arrays(
                 source_fields, [f.name for f in source_type], mask=source.is_null()

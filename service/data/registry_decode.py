@@ -201,8 +201,9 @@ def decode(
     if not parts:  # every record dead: no changes, in the columns' types
         empty = _OneByOne(None, [], [], [])
         parts.append((_decode(empty, columns, key, positions, []), []))
-    sections = sorted({g.section for g in groups if g.section is not None})
-    return AvroDecoded(_in_record_order(parts, sections), _dead_letters(values, keys, kafka, dead))
+    return AvroDecoded(
+        _in_record_order(parts, sorted(context.sections)), _dead_letters(values, keys, kafka, dead)
+    )
 
 
 class _Group(Protocol):
@@ -258,6 +259,8 @@ class _Task:
     schemas: Schemas
     rejected: dict[str, str]
     dead: dict[int, str]
+    # the schema sections of every record read, dead ones too (the caller checks the table takes them)
+    sections: set[str] = field(default_factory=set)
 
     def version(self, section: str | None) -> list[Column]:
         """The columns of a schema section (the table's, for tombstones); Declined when this decoder
@@ -291,30 +294,35 @@ class _Task:
         return batches, sorted(rest)
 
     def _read_batch(self, schema_id: int, indices: list[int]) -> _Batch | None:
+        """One schema id's records through the native decoder. Nothing is marked dead until the
+        batch is laid out: when it can't be (NotBatchable), every one of its records is read again
+        one by one, which gives each its own outcome."""
         schema = self._avro(schema_id)
         values = [self.values[i] for i in indices]
         array, good, bad = avro_batch.decode(schema_id, schema.decoding_text, values)  # type: ignore[arg-type]
-        for j, reason in bad:
-            self.dead[indices[j]] = reason
+        dead = {indices[j]: reason for j, reason in bad}
         members = [indices[j] for j in good]
         section = self.schemas.section_text(schema.connect)
         if array is None:
+            self.dead.update(dead)
             return None
+        truncated = pc.equal(avro_batch.ops(array), TRUNCATE_OP).fill_null(False).to_pylist()
+        dead.update((m, TRUNCATE_REASON) for m, t in zip(members, truncated, strict=True) if t)
+        kept = [r for r, t in enumerate(truncated) if not t]
+        self.sections.add(section)  # as for records read one by one: truncates and rejected ones too
         if section in self.rejected:
-            self.dead.update(dict.fromkeys(members, self.rejected[section]))
+            dead.update((members[r], self.rejected[section]) for r in kept)
+            kept = []
+        if not kept:
+            self.dead.update(dead)
             return None
         version = self.version(section)
-        envelope = avro_batch.envelopes(array, version)
-        truncated = pc.fill_null(pc.equal(envelope["op"], TRUNCATE_OP), False)
-        if pc.any(truncated).as_py():
-            flags = truncated.to_pylist()
-            self.dead.update(
-                dict.fromkeys([m for m, t in zip(members, flags, strict=True) if t], TRUNCATE_REASON)
-            )
-            members = [m for m, t in zip(members, flags, strict=True) if not t]
-            envelope = envelope.filter(pc.invert(truncated))
+        envelope = avro_batch.envelopes(array.take(pa.array(kept, pa.int64())), version)
+        members = [members[r] for r in kept]
         deletes = pc.fill_null(pc.equal(envelope["op"], DELETE_OP), False).to_numpy(zero_copy_only=False)
-        return _Batch(section, members, envelope, self._batch_keys(members, deletes, envelope, version))
+        keys = self._batch_keys(members, deletes, envelope, version)
+        self.dead.update(dead)
+        return _Batch(section, members, envelope, keys)
 
     def _avro(self, schema_id: int) -> AvroSchema:
         schema = self.schemas.get(schema_id)
@@ -339,10 +347,12 @@ class _Task:
             at = [rows[j] for j in np.flatnonzero(ids == key_id).tolist()]
             keys = [self.keys[members[r]] for r in at]
             try:
+                if key_id < 0:  # no wire-format header: not a key this reader knows (no registry call)
+                    raise avro_batch.NotBatchable("a key without the Confluent header")
                 array, good, _ = avro_batch.decode(key_id, self._avro(key_id).decoding_text, keys)  # type: ignore[arg-type]
                 if array is not None:
                     pieces.append(([at[g] for g in good], avro_batch.key_columns(array, key_columns)))
-            except (avro_batch.NotBatchable, UnknownSchema, SchemaError):  # -1 (no header) too
+            except (avro_batch.NotBatchable, UnknownSchema, SchemaError):
                 pieces.append((at, avro_batch.key_rows([self._key(k) for k in keys], schema)))
         return avro_batch.scatter(pieces, len(members), schema)
 
@@ -383,6 +393,8 @@ class _Task:
                     str(exc) if isinstance(exc, ValueError | LookupError) else f"{type(exc).__name__}: {exc}"
                 )
                 continue
+            if section is not None:
+                self.sections.add(section)
             if event.get("op") == TRUNCATE_OP:
                 self.dead[i] = TRUNCATE_REASON
                 continue

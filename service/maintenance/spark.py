@@ -10,6 +10,7 @@ The settings are passed to the session builder in-process: secrets never reach a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pyiceberg.catalog import infer_catalog_type
@@ -67,9 +68,11 @@ def _jdbc(props: dict[str, Any]) -> dict[str, str]:
             "(Postgres has); describe it to Spark in maintenance.spark_catalog (type: jdbc, uri, jdbc.user, "
             "and the driver's jar in spark.jars)"
         )
+    host = url.host or "localhost"
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
     conf = {
         "type": "jdbc",
-        "uri": f"jdbc:postgresql://{url.host or 'localhost'}:{url.port or 5432}/{url.database or ''}",
+        "uri": f"jdbc:postgresql://{host}:{url.port or 5432}/{url.database or ''}",
     }
     if url.username:
         conf["jdbc.user"] = url.username
@@ -83,15 +86,16 @@ def _jdbc(props: dict[str, Any]) -> dict[str, str]:
 def spark_catalog_name(config: SinkConfig) -> str:
     """The catalog's name in the maintainer's Spark session: the sink's own for a SQL catalog, whose rows
     are keyed by it (:func:`_jdbc`); ``icesink`` otherwise."""
-    kind = str(config.catalog_properties.get("type") or _inferred_type(config))
+    kind = str(config.catalog_properties.get("type") or _inferred_type(config)).lower()
     if kind != "sql" or {"type", "catalog-impl"} & set(config.maintenance.spark_catalog):
         return CATALOG
-    if config.catalog_name in ("spark_catalog", "system", "session"):
+    name = config.catalog_name
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in ("spark_catalog", "system", "session"):
         raise ConfigError(
-            f"maintenance: a SQL catalog named {config.catalog_name!r} can't be a Spark catalog of that "
-            "name; give the catalog another name (catalog.name)"
+            f"maintenance: a SQL catalog named {name!r} can't be a Spark catalog of that name (letters, "
+            "digits and _, not spark_catalog); give the catalog another name (catalog.name)"
         )
-    return config.catalog_name
+    return name
 
 
 def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
@@ -102,7 +106,7 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
     """
     props: dict[str, Any] = config.catalog_properties
     given = dict(config.maintenance.spark_catalog)
-    kind = str(props.get("type") or _inferred_type(config))
+    kind = str(props.get("type") or _inferred_type(config)).lower()
     prefix = f"spark.sql.catalog.{name}"
     conf = {
         prefix: "org.apache.iceberg.spark.SparkCatalog",

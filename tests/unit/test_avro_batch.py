@@ -298,3 +298,60 @@ def test_a_delete_whose_key_cannot_be_read_takes_its_key_from_its_before_image(
     assert batches == [(2, 3), (1, 1)], "the framed key of a known id went to the decoder"
     assert result.dead.num_rows == 0
     assert result.decoded.rows.column("id").to_pylist() == [7, 7, 7]
+
+
+def test_a_delete_whose_key_has_no_header_asks_the_registry_nothing(batches: list[tuple[int, int]]) -> None:
+    registry = Registry()
+    asked: list[int] = []
+    schema_of = registry.schema
+
+    def schema(schema_id: int) -> RegisteredSchema:
+        asked.append(schema_id)
+        return schema_of(schema_id)
+
+    registry.schema = schema  # type: ignore[method-assign]
+    before = {**{n: None for n, _ in COLUMNS}, "id": 7}
+    event = {"before": before, "after": None, "source": {"ts_ms": 1}, "op": "d", "ts_ms": 5}
+    columns = columns_from_envelope_schema(connect_schema(registry.schemas[2]))
+    kafka = pa.table({"topic": ["t"], "partition": [0], "offset": [0]})
+    result = registry_decode.decode(
+        [_write(_schema(), event, 2)],
+        [b'{"id": 7}'],
+        kafka,
+        columns,
+        ["id"],
+        registry_decode.Schemas(registry),  # type: ignore[arg-type]
+    )
+    assert asked == [2], "only the value's schema was asked for"
+    assert result.decoded.rows.column("id").to_pylist() == [7]
+
+
+def test_a_truncate_and_a_rejected_section_give_the_same_reasons_either_way(
+    batches: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values, keys = _records()
+    truncate = _write(
+        _schema(), {"before": None, "after": None, "source": {"ts_ms": 1}, "op": "t", "ts_ms": 5}, 2
+    )
+    registry = Registry()
+    columns = columns_from_envelope_schema(connect_schema(registry.schemas[2]))
+    kafka = pa.table({"topic": ["t"] * 3, "partition": [0] * 3, "offset": range(3)})
+
+    def run(rejected: dict[str, str] | None) -> registry_decode.AvroDecoded:
+        schemas = registry_decode.Schemas(registry)  # type: ignore[arg-type]
+        return registry_decode.decode(
+            [values[0], truncate, values[1]], keys[:3], kafka, columns, ["id"], schemas, rejected=rejected
+        )
+
+    native = run(None)
+    section = native.decoded.schemas[0]
+    native_rejected = run({section: "the table refused this schema"})
+    _one_by_one(monkeypatch)
+    plain, plain_rejected = run(None), run({section: "the table refused this schema"})
+    for a, b in ((native, plain), (native_rejected, plain_rejected)):
+        assert a.dead.to_pylist() == b.dead.to_pylist()
+        assert a.decoded.rows.to_pylist() == b.decoded.rows.to_pylist()
+        assert a.decoded.schemas == b.decoded.schemas == [section]
+    assert native.dead.column("offset").to_pylist() == [1]
+    reasons = native_rejected.dead.column("error").to_pylist()
+    assert reasons[0] == reasons[2] == "the table refused this schema" and reasons[1] != reasons[0]

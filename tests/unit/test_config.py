@@ -106,6 +106,10 @@ def test_variable_scale_decimal_is_a_string_or_a_decimal() -> None:
             "catalog: .*catalog.type in-memory: its tables live in one process's memory",
         ),
         (
+            with_(catalog={"type": "sql", "uri": "sqlite:///:memory:"}),
+            "catalog: .*an in-memory SQLite database: its tables live in one process's memory",
+        ),
+        (
             with_(catalog={"type": "hadoop", "warehouse": "s3://b/w"}),
             "catalog: .*catalog.type hadoop: a file-system .* can't do atomically",
         ),

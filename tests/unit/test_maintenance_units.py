@@ -173,6 +173,12 @@ def test_a_sql_catalog_on_postgres_is_icebergs_jdbc_catalog_under_the_sinks_cata
     assert catalog_conf(described)["spark.sql.catalog.icesink.uri"] == "jdbc:postgresql://other/db"
 
 
+def test_a_sql_catalog_name_spark_cannot_take_is_refused_naming_it() -> None:
+    sql = with_(catalog={"name": "prod-cdc", "type": "SQL", "uri": "postgresql+psycopg://u@h/db"})
+    with pytest.raises(ConfigError, match="a SQL catalog named 'prod-cdc' can't be a Spark catalog"):
+        spark_catalog_name(parse_config(sql, env={}))
+
+
 def test_a_sql_catalog_without_a_driver_icesink_ships_is_refused_naming_it() -> None:
     sqlite = with_(catalog={"type": "sql", "uri": "sqlite:////tmp/catalog.db", "warehouse": "file:///w"})
     with pytest.raises(ConfigError, match="a SQL catalog on sqlite has no JDBC driver icesink ships"):
