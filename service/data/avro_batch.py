@@ -49,7 +49,8 @@ def available() -> bool:
 
 
 def schema_ids(values: Sequence[bytes | None]) -> np.ndarray:
-    """Each value's schema id; -1 for a null value or one without the Confluent header."""
+    """Each value's schema id; -1 for a null value or one without the Confluent header, -2 for one
+    that ends with its own header (which the native decoder can't tell from a record's end)."""
     assert _native is not None
     return np.asarray(_native.schema_ids(list(values)), dtype=np.int64)
 

@@ -355,3 +355,18 @@ def test_a_truncate_and_a_rejected_section_give_the_same_reasons_either_way(
     assert native.dead.column("offset").to_pylist() == [1]
     reasons = native_rejected.dead.column("error").to_pylist()
     assert reasons[0] == reasons[2] == "the table refused this schema" and reasons[1] != reasons[0]
+
+
+def test_a_value_ending_in_its_own_header_is_read_alone_and_is_a_dead_letter(
+    batches: list[tuple[int, int]],
+) -> None:
+    """The native decoder would take a full header after the record as the next record's start."""
+    values, keys = _records()
+    first = values[0]
+    assert first is not None
+    tailed = first + framed(2, b"")
+    result = _decode([tailed, *values[1:4]], keys[:4])
+    assert batches[0] == (2, 3), "the other three went to the native decoder"
+    assert result.dead.column("offset").to_pylist() == [0]
+    assert "5 bytes left after the record" in result.dead.column("error")[0].as_py()
+    assert result.decoded.rows.num_rows == 3

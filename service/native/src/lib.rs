@@ -7,7 +7,8 @@
 //! records, reported with their index and the reason, and the others still decode together. All the
 //! records of a call carry the same schema id, so the decoder's remaining capacity counts the rows.
 //!
-//! Python sees `schema_ids(values)` and `decode(schema_id, schema, values)`; the batch is handed to
+//! Python sees `schema_ids(values)` and `decode(schema_id, schema, values)` (given only values that
+//! `schema_ids` found to carry `schema_id`); the batch is handed to
 //! pyarrow through the Arrow PyCapsule protocol (`pyarrow.array(batch)`), without a copy.
 
 use std::ffi::CString;
@@ -69,16 +70,21 @@ fn feed(decoder: &mut Decoder, schema_id: u32, value: &[u8]) -> Result<(), Strin
         .decode(value)
         .map_err(|e| format!("the payload does not match schema id {schema_id}: {e}"))?;
     let rows = before - decoder.capacity();
+    let body = value.len().saturating_sub(5);
     if rows == 1 && consumed < value.len() {
         return Err(format!(
             "the payload does not match schema id {schema_id}: {} bytes left after the record",
             value.len() - consumed
         ));
     }
+    if rows == 0 && consumed == value.len() {
+        return Err(format!(
+            "the payload does not match schema id {schema_id}: its {body} bytes end before the record does"
+        ));
+    }
     if rows != 1 || consumed != value.len() {
         return Err(format!(
-            "the payload does not match schema id {schema_id}: its {} bytes read as {rows} record(s)",
-            value.len() - 5
+            "the payload does not match schema id {schema_id}: its {body} bytes read as {rows} record(s)"
         ));
     }
     Ok(())
@@ -92,13 +98,18 @@ fn decode_all(schema_id: u32, schema: &str, values: &[&[u8]]) -> Result<Decoded,
     if values.iter().all(|v| feed(&mut all, schema_id, v).is_ok()) {
         return Ok((flush(all)?, (0..values.len()).collect(), Vec::new()));
     }
-    // Some record is bad: find each with a decoder of its own, then decode the others together.
+    // Some record is bad: find each by feeding the records to a probe with room for all of them
+    // (never flushed; made again only after a bad record, whose state it can't be trusted with), then
+    // decode the others together.
     let (mut good, mut bad) = (Vec::new(), Vec::new());
+    let mut probe = decoder(schema_id, schema, values.len())?;
     for (i, v) in values.iter().enumerate() {
-        let mut probe = decoder(schema_id, schema, 1)?;
-        match feed(&mut probe, schema_id, v).and_then(|_| flush(probe).map(|_| ())) {
+        match feed(&mut probe, schema_id, v) {
             Ok(()) => good.push(i),
-            Err(reason) => bad.push((i, reason)),
+            Err(reason) => {
+                bad.push((i, reason));
+                probe = decoder(schema_id, schema, values.len())?;
+            }
         }
     }
     let mut rest = decoder(schema_id, schema, good.len())?;
@@ -108,12 +119,16 @@ fn decode_all(schema_id: u32, schema: &str, values: &[&[u8]]) -> Result<Decoded,
     Ok((flush(rest)?, good, bad))
 }
 
-/// Each value's schema id, or -1 for a value that is None or has no Confluent wire-format header.
+/// Each value's schema id; -1 for a value that is None or has no Confluent wire-format header; -2 for
+/// one that ends with its own header. The decoder would take such a tail as the start of the next
+/// record and wait for its body, so that value could pass as one good record: it is left to the
+/// record-at-a-time reader, which tells a body that merely ends in those bytes from bytes left over.
 #[pyfunction]
 fn schema_ids(values: Vec<Option<Bound<'_, PyBytes>>>) -> Vec<i64> {
     values
         .iter()
         .map(|v| match v.as_ref().map(|b| b.as_bytes()) {
+            Some(v @ [0, _, _, _, _, _, ..]) if v.len() >= 10 && v[v.len() - 5..] == v[..5] => -2,
             Some([0, a, b, c, d, _, ..]) | Some([0, a, b, c, d]) => u32::from_be_bytes([*a, *b, *c, *d]) as i64,
             _ => -1,
         })
