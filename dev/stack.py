@@ -1647,17 +1647,11 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
-    for name in (
-        *SPARK_WORKER_NAMES,
-        "spark-master",
-        "registry",
-        "trino",
-        "connect",
-        "rest",
-        "kafka",
-        "s3",
-        "postgres",
-    ):
+    # The servers that need others first; then every other one, so that none is ever left running.
+    first = (*SPARK_WORKER_NAMES, "spark-master", "glue", "registry", "trino", "connect", "rest", "kafka")
+    last = ("s3", "postgres")
+    rest = [name for name in SERVICES if name not in first and name not in last]
+    for name in (*first, *rest, *last):
         stop(SERVICES[name])
     return 0
 
