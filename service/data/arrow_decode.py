@@ -237,6 +237,21 @@ _SEXTETS[ord("=")] = 0
 _STRICT_BASE64_RE2 = f"^{STRICT_BASE64}$"
 
 
+def _left_aligned(
+    values: pa.Array, lengths: np.ndarray, width: int, lookup: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Text or binary values (no nulls, none longer than ``width``) as the rows of a matrix, each
+    value's bytes (through ``lookup`` if given) left-aligned with zeros after its end; also the bytes
+    themselves and the values' offsets into them."""
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + len(values) + 1]
+    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    rows = np.repeat(np.arange(len(values)), lengths)
+    cols = np.arange(len(data)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    matrix = np.zeros((len(values), width), dtype=np.uint64)
+    matrix[rows, cols] = data if lookup is None else lookup[data]
+    return matrix, data, offsets
+
+
 def _base64_bytes(texts: pa.Array, column: Column) -> tuple[np.ndarray, np.ndarray] | None:
     """Base64 texts (no nulls) → their bytes, left-aligned in rows of 9, and each one's length; None
     when one is longer than 12 characters (9 bytes)."""
@@ -247,13 +262,7 @@ def _base64_bytes(texts: pa.Array, column: Column) -> tuple[np.ndarray, np.ndarr
         raise Declined(f"column {column.name}: an empty decimal")
     if lengths.max() > 12:
         return None
-    offsets = np.frombuffer(texts.buffers()[1], np.int32)[texts.offset : texts.offset + len(texts) + 1]
-    chars = np.frombuffer(texts.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
-    # Each value's sextets, left-aligned in 12 columns (zeros after its end).
-    rows = np.repeat(np.arange(len(texts)), lengths)
-    cols = np.arange(len(chars)) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    sextets = np.zeros((len(texts), 12), dtype=np.uint64)
-    sextets[rows, cols] = _SEXTETS[chars]
+    sextets, chars, offsets = _left_aligned(texts, lengths, 12, _SEXTETS)
     quads = sextets.reshape(len(texts), 3, 4)
     bits = (quads[:, :, 0] << 18) | (quads[:, :, 1] << 12) | (quads[:, :, 2] << 6) | quads[:, :, 3]
     raw = np.stack([(bits >> 16) & 255, (bits >> 8) & 255, bits & 255], axis=2).reshape(len(texts), 9)
@@ -271,13 +280,7 @@ def _raw_bytes(values: pa.Array, column: Column) -> tuple[np.ndarray, np.ndarray
         raise Declined(f"column {column.name}: an empty decimal")
     if lengths.max() > 8:
         return None
-    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + len(values) + 1]
-    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
-    rows = np.repeat(np.arange(len(values)), lengths)
-    cols = np.arange(len(data)) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    raw = np.zeros((len(values), 8), dtype=np.uint64)
-    raw[rows, cols] = data
-    return raw, lengths
+    return _left_aligned(values, lengths, 8)[0], lengths
 
 
 def _unscaled_int64(wire: pa.Array, column: Column, limit: int) -> pa.Array | None:
