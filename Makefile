@@ -33,7 +33,8 @@ stack-status:
 
 test: bootstrap
 	dev/stack up
-	.venv/bin/pytest -m "not chaos and not bench and not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS)
+	.venv/bin/pytest -m "not chaos and not bench and not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=40 $(PYTEST_ARGS) \
+		|| { rc=$$?; dev/stack logs -n 40; exit $$rc; }
 
 chaos: bootstrap
 	dev/stack up

@@ -8,6 +8,7 @@
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
                         trino, registry, glue, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
+    dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
 Servers: Apache Kafka 4 (KRaft, combined broker+controller), PostgreSQL (own data dir, wal_level=logical),
 an S3 server (MinIO built with `go install`, else moto's server), Iceberg's REST catalog server
@@ -1716,6 +1717,20 @@ def cmd_env(_: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Each server's state and the end of its log, so that a failed CI run shows what the servers said."""
+    for svc in SERVICES.values():
+        if not svc.log.exists():
+            continue
+        ok, detail = svc.check()
+        print(f"==== {svc.name}: {'healthy' if ok else 'DOWN'}, pid {svc.pid() or '-'} [{detail}]; {svc.log}")
+        with svc.log.open("rb") as f:
+            f.seek(max(0, svc.log.stat().st_size - 200 * args.lines))
+            tail = f.read().decode("utf-8", "replace").splitlines()[-args.lines :]
+        print("\n".join(tail))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dev/stack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1729,6 +1744,9 @@ def main(argv: list[str] | None = None) -> int:
         ("env", cmd_env),
     ):
         sub.add_parser(name).set_defaults(func=func)
+    logs = sub.add_parser("logs", help="the last lines of every server's log")
+    logs.add_argument("-n", "--lines", type=int, default=30)
+    logs.set_defaults(func=cmd_logs)
     for name, handler, text in (
         ("stop", cmd_stop, "stop these servers (only processes dev/stack started)"),
         ("start", cmd_start, "start these servers and wait until they are healthy"),

@@ -75,8 +75,11 @@ class ProtobufSales:
         pool.Add(key)
         self.Envelope = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Envelope"))
         self.Key = message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Key"))
-        client = SchemaRegistryClient({"url": self.registry})
-        config = {"use.deprecated.format": False}
+        # A timeout so that a registry that stops answering fails the test with its reason, and the topic
+        # name strategy (Debezium's and the sink's subjects) rather than the client's default lookup of
+        # subject associations, an API the registry need not have.
+        client = SchemaRegistryClient({"url": self.registry, "timeout": 30})
+        config = {"use.deprecated.format": False, "subject.name.strategy.type": "TOPIC"}
         self._value = ProtobufSerializer(self.Envelope, client, config)
         self._key = ProtobufSerializer(self.Key, client, config)
 
