@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, glue, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, gcs, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
     dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
@@ -17,6 +17,7 @@ Debezium's PostgreSQL connector, capturing the dev Postgres's `cdc` database) an
 node with an Iceberg catalog on the REST catalog and S3, a third reader of the tables) and a schema
 registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro)
 and AWS Glue's API (moto's server, in memory: a catalog of type glue, its files on the S3 server)
+and a Google Cloud Storage emulator (fake-gcs-server built with `go install`, its bucket `warehouse`)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -29,7 +30,7 @@ Environment knobs (all optional):
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
-  ICESINK_GLUE_PORT=18087
+  ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -82,6 +83,8 @@ HOST = "127.0.0.1"
 # proxy knows its commits as pseudo-versions; this one is the newest commit on its main branch.
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
+FAKE_GCS_VERSION = "v1.56.1"
 # SeaweedFS was the planned second choice, but the Go module proxy answers 403 ("not available") for
 # github.com/seaweedfs/seaweedfs, so it cannot be built from the registries this project may use.
 S3_SERVERS = ("minio", "moto")
@@ -110,6 +113,7 @@ class Config:
         default_factory=lambda: _env_int("ICESINK_REGISTRY_MANAGEMENT_PORT", 18086)
     )
     glue_port: int = field(default_factory=lambda: _env_int("ICESINK_GLUE_PORT", 18087))
+    gcs_port: int = field(default_factory=lambda: _env_int("ICESINK_GCS_PORT", 18088))
     # A Spark standalone master and two workers (each: an RPC port and a web UI port; the UIs answer the
     # health probes).
     spark_master_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_MASTER_PORT", 17077))
@@ -156,6 +160,11 @@ class Config:
     def glue_endpoint(self) -> str:
         """AWS Glue's API as moto's server answers it (a catalog of type glue with glue.endpoint)."""
         return f"http://{HOST}:{self.glue_port}"
+
+    @property
+    def gcs_endpoint(self) -> str:
+        """The Cloud Storage JSON API as fake-gcs-server answers it (``gcs.service.host``)."""
+        return f"http://{HOST}:{self.gcs_port}"
 
     @property
     def spark_master(self) -> str:
@@ -690,6 +699,8 @@ def cmd_install(_: argparse.Namespace) -> int:
     build_rest_launcher()
     trino_install()
     registry_install()
+    if not go_install("fake-gcs-server", FAKE_GCS_MODULE, FAKE_GCS_VERSION, "fake-gcs-server"):
+        raise StackError("fake-gcs-server (the GCS emulator) could not be built: see the log above")
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -1015,6 +1026,67 @@ def glue_health() -> str:
     if resp.status != 200:
         raise StackError(f"GetDatabases: HTTP {resp.status} {body[:200]!r}")
     return f"AWS Glue API (moto), {len(json.loads(body).get('DatabaseList', []))} database(s)"
+
+
+# ---- Google Cloud Storage (fake-gcs-server)
+
+
+def gcs_installed() -> bool:
+    return (CACHE / "bin" / "fake-gcs-server").exists() and stamp_ok(
+        CACHE / "bin" / ".fake-gcs-server.version", FAKE_GCS_VERSION
+    )
+
+
+def gcs_start() -> subprocess.Popen[bytes]:
+    """The Cloud Storage JSON API over plain HTTP, objects in files under the run directory. It takes
+    any bearer token: clients give one (``gcs.oauth2.token``), as they would a real token."""
+    binary = CACHE / "bin" / "fake-gcs-server"
+    if not gcs_installed():
+        raise StackError("fake-gcs-server is not installed: run dev/stack install")
+    data = RUN / "gcs"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(binary),
+        "-backend",
+        "filesystem",
+        "-filesystem-root",
+        str(data),
+        "-host",
+        HOST,
+        "-port",
+        str(CFG.gcs_port),
+        "-scheme",
+        "http",
+        "-external-url",
+        CFG.gcs_endpoint,
+        "-public-host",
+        f"{HOST}:{CFG.gcs_port}",
+        "-log-level",
+        "warn",
+    ]
+    return spawn(SERVICES["gcs"], argv, cwd=data)
+
+
+def gcs_health() -> str:
+    buckets = json.loads(http_get(CFG.gcs_port, "/storage/v1/b?project=icesink")).get("items", [])
+    return f"fake-gcs-server {FAKE_GCS_VERSION}, bucket(s): {', '.join(b['name'] for b in buckets) or 'none'}"
+
+
+def gcs_create_bucket() -> None:
+    """The bucket the tests' GCS warehouses live in (its name is the S3 server's: ``warehouse``)."""
+    buckets = json.loads(http_get(CFG.gcs_port, "/storage/v1/b?project=icesink")).get("items", [])
+    if any(b["name"] == CFG.bucket for b in buckets):
+        return
+    conn = http.client.HTTPConnection(HOST, CFG.gcs_port, timeout=10)
+    try:
+        body = json.dumps({"name": CFG.bucket})
+        conn.request("POST", "/storage/v1/b?project=icesink", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = resp.read()
+    finally:
+        conn.close()
+    if resp.status not in (200, 409):  # 409: made meanwhile
+        raise StackError(f"create bucket {CFG.bucket}: HTTP {resp.status} {answer[:200]!r}")
 
 
 # ---- Kafka
@@ -1486,6 +1558,9 @@ SERVICES: dict[str, Service] = {
     "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
     "registry": Service("registry", CFG.registry_port, "quarkus-run.jar", registry_start, registry_health),
     "glue": Service("glue", CFG.glue_port, f"-p {CFG.glue_port}", glue_start, glue_health),
+    "gcs": Service(
+        "gcs", CFG.gcs_port, "fake-gcs-server", gcs_start, gcs_health, after_healthy=gcs_create_bucket
+    ),
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -1553,6 +1628,7 @@ def installed() -> bool:
         and all(maven_fetched(module) for module in MAVEN_MODULES)
         and trino_installed()
         and registry_installed()
+        and gcs_installed()
         and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
@@ -1586,7 +1662,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
     # Spark's workers (the master).
-    later = ["rest", "connect", "trino", "registry", "glue", *SPARK_WORKER_NAMES]
+    later = ["rest", "connect", "trino", "registry", "glue", "gcs", *SPARK_WORKER_NAMES]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1595,6 +1671,8 @@ def cmd_up(_: argparse.Namespace) -> int:
     for name in later:
         try:
             wait_healthy(SERVICES[name], timeout)
+            if SERVICES[name].after_healthy:
+                SERVICES[name].after_healthy()  # type: ignore[misc]
         except Exception as exc:
             return fail(SERVICES[name], exc)
     log(f"stack healthy in {time.monotonic() - started:.1f}s")
@@ -1649,7 +1727,17 @@ def stop(svc: Service, timeout: float = 30.0) -> None:
 def cmd_down(_: argparse.Namespace) -> int:
     _sync_s3_marker()
     # The servers that need others first; then every other one, so that none is ever left running.
-    first = (*SPARK_WORKER_NAMES, "spark-master", "glue", "registry", "trino", "connect", "rest", "kafka")
+    first = (
+        *SPARK_WORKER_NAMES,
+        "spark-master",
+        "gcs",
+        "glue",
+        "registry",
+        "trino",
+        "connect",
+        "rest",
+        "kafka",
+    )
     last = ("s3", "postgres")
     rest = [name for name in SERVICES if name not in first and name not in last]
     for name in (*first, *rest, *last):
@@ -1699,6 +1787,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_TRINO_URI": CFG.trino_uri,
         "ICESINK_SCHEMA_REGISTRY_URL": CFG.registry_uri,
         "ICESINK_GLUE_ENDPOINT": CFG.glue_endpoint,
+        "ICESINK_GCS_ENDPOINT": CFG.gcs_endpoint,
         "ICESINK_SPARK_MASTER": CFG.spark_master,
         "ICESINK_SPARK_MASTER_UI": f"http://{HOST}:{CFG.spark_master_ui_port}",
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),

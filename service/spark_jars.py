@@ -136,12 +136,13 @@ def ivy_home(spark: SparkConfig) -> Path:
 
 
 def iceberg_coordinates() -> tuple[str, ...]:
-    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, its AWS bundle,
-    and the Postgres JDBC driver (a SQL catalog on Postgres is Iceberg's JdbcCatalog in Spark)."""
+    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, its AWS and GCP
+    bundles (S3FileIO, GCSFileIO), and the Postgres JDBC driver (a SQL catalog on Postgres is Iceberg's JdbcCatalog in Spark)."""
     spark_minor = ".".join(spark_version().split(".")[:2])
     return (
         f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{ICEBERG_VERSION}",
         f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",
+        f"org.apache.iceberg:iceberg-gcp-bundle:{ICEBERG_VERSION}",
         POSTGRES_JDBC,
     )
 

@@ -217,6 +217,22 @@ def glue(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="session")
+def gcs(stack: Stack) -> str:
+    """The stack's Google Cloud Storage emulator (fake-gcs-server; its endpoint), its bucket ``warehouse``."""
+    endpoint = load_stack_env(("ICESINK_GCS_ENDPOINT",))["ICESINK_GCS_ENDPOINT"].rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{endpoint}/storage/v1/b/warehouse", timeout=10) as resp:
+            resp.read()
+    except Exception as exc:
+        pytest.fail(
+            f"the GCS emulator at {endpoint} does not answer ({exc}): `dev/stack up` (or `dev/stack start gcs`); "
+            "log in .cache/run/logs/gcs.log",
+            pytrace=False,
+        )
+    return endpoint
+
+
+@pytest.fixture(scope="session")
 def spark_cluster(stack: Stack) -> SparkCluster:
     """The stack's Spark standalone cluster (a master, two 1-core workers); fails loudly unless both
     workers are alive."""

@@ -19,7 +19,7 @@ from service.config import ConfigError, SinkConfig
 
 CATALOG = "icesink"  # the catalog's name inside the maintainer's Spark session
 
-# pyiceberg catalog properties Iceberg's Java catalogs and S3FileIO read under the same name.
+# pyiceberg catalog properties Iceberg's Java catalogs, S3FileIO and GCSFileIO read under the same name.
 _SAME_NAME = (
     "uri",
     "warehouse",
@@ -37,6 +37,11 @@ _SAME_NAME = (
     "s3.session-token",
     "glue.endpoint",
     "glue.id",
+    "gcs.project-id",
+    "gcs.service.host",
+    "gcs.oauth2.token",
+    "gcs.oauth2.token-expires-at",
+    "gcs.user-project",
 )
 _TYPES = {"rest": "rest", "glue": "glue", "hive": "hive"}
 
@@ -139,5 +144,7 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
         virtual = str(props.get("s3.force-virtual-addressing", "false")).lower() == "true"
         if "s3.endpoint" in props:
             conf[f"{prefix}.s3.path-style-access"] = "false" if virtual else "true"
+    if any(k.startswith("gcs.") for k in props) or str(props.get("warehouse", "")).startswith("gs://"):
+        conf[f"{prefix}.io-impl"] = "org.apache.iceberg.gcp.gcs.GCSFileIO"
     conf.update({f"{prefix}.{k}": v for k, v in given.items()})
     return conf

@@ -7,6 +7,7 @@ names each test.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -33,14 +34,16 @@ def _spark_catalog(spark: Any, sink: Sink) -> str:
     return name
 
 
-def _read_everywhere(spark: Any, sink: Sink) -> list[str]:
+def _read_everywhere(spark: Any, sink: Sink, *, duckdb: bool = True) -> list[str]:
     """The table read through pyiceberg's catalog, through Spark's catalog of the same type, and by
-    DuckDB from its current metadata: what each reader found wrong."""
+    DuckDB from its current metadata (``duckdb``: it reaches S3, not GCS): what each reader found wrong."""
     table = _catalog(sink).load_table(sink.table)
     expected = sink.source.expected_rows()
     problems = [diff(expected, table.scan().to_arrow().to_pylist(), "pyiceberg")]
     rows = spark.table(f"{_spark_catalog(spark, sink)}.{sink.table}").collect()
     problems.append(diff(expected, [r.asDict() for r in rows], "spark"))
+    if not duckdb:
+        return [p for p in problems if p]
     con = duckdb_connect()
     try:
         cursor = con.execute(f"SELECT * FROM iceberg_scan('{table.metadata_location}')")
@@ -90,6 +93,29 @@ def test_glue_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
     _lands_survives_a_kill_and_is_maintained(make_sink(catalog=catalog, **_SINK), spark)
 
 
+def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any, monkeypatch: Any
+) -> None:
+    """Tables on Google Cloud Storage (the stack's emulator): pyarrow's GCS client writes them for the
+    sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
+    name = unique_name("gcscat")
+    catalog = {
+        "name": name,
+        "type": "sql",
+        "uri": stack.pg_dsn,
+        "warehouse": f"gs://warehouse/{name}",
+        "gcs.service.host": gcs,
+        "gcs.project-id": "icesink",
+        "gcs.oauth2.token": "${ICESINK_TEST_GCS_TOKEN}",  # any token: the emulator checks none
+        "gcs.oauth2.token-expires-at": str(int((time.time() + 86400) * 1000)),
+    }
+    monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
+    sink = make_sink(catalog=catalog, **_SINK)
+    _lands_survives_a_kill_and_is_maintained(sink, spark, duckdb=False)
+    files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
+    assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
+
+
 _SINK: dict[str, Any] = {
     "keys": 150,
     "table": {"delete_format": "position"},  # pyiceberg reads position deletes, not equality deletes
@@ -98,7 +124,7 @@ _SINK: dict[str, Any] = {
 }
 
 
-def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
+def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: bool = True) -> None:
     """Exact after a SIGKILL mid-workload and the resume, by every reader; then exact again after
     `icesink maintain --once` compacted the table through Spark's catalog of the same type."""
     sink.produce(300)
@@ -109,7 +135,7 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
     last = sink.run_until_caught_up()
     if left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit: the next run finished that plan
         assert f"recovering sink {sink.name}: plan seq {left.seq} " in last.log(), last.log()[-4000:]
-    problems = _read_everywhere(spark, sink)
+    problems = _read_everywhere(spark, sink, duckdb=duckdb)
     assert not problems, "\n".join(problems)
 
     table = _catalog(sink).load_table(sink.table)
@@ -122,5 +148,5 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
     assert "compact" in maintained["tasks"], maintained  # Spark's catalog reached the table
     files_after = len(_catalog(sink).load_table(sink.table).inspect.files())
     assert files_after < files_before, f"maintenance left {files_after} files of {files_before}"
-    problems = _read_everywhere(spark, sink)
+    problems = _read_everywhere(spark, sink, duckdb=duckdb)
     assert not problems, "after maintenance:\n" + "\n".join(problems)

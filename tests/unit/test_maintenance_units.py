@@ -138,6 +138,25 @@ def test_rest_catalog_on_s3_maps_to_sparks_iceberg_catalog() -> None:
     assert conf["spark.sql.defaultCatalog"] == "lake"
 
 
+def test_tables_on_gcs_use_icebergs_gcs_file_io_with_the_same_properties() -> None:
+    gcs = {
+        "type": "sql",
+        "uri": "postgresql+psycopg://u@h/db",
+        "warehouse": "gs://bucket/lake",
+        "gcs.project-id": "p",
+        "gcs.service.host": "http://fake-gcs:4443",
+        "gcs.oauth2.token": "t",
+        "gcs.oauth2.token-expires-at": "1900000000000",
+    }
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **gcs}), env={}), "lake")
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.gcp.gcs.GCSFileIO"
+    for key in ("gcs.project-id", "gcs.service.host", "gcs.oauth2.token", "gcs.oauth2.token-expires-at"):
+        assert conf[f"spark.sql.catalog.lake.{key}"] == gcs[key]
+    on_s3 = {k: v for k, v in gcs.items() if not k.startswith("gcs.")} | {"warehouse": "s3://b/w"}
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **on_s3}), env={}), "lake")
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
+
+
 def test_a_catalog_spark_does_not_know_needs_maintenance_spark_catalog() -> None:
     dynamo = with_(catalog={"type": "dynamodb", "dynamodb.region": "eu-west-1", "warehouse": "s3://b/w"})
     with pytest.raises(ConfigError, match=r"maintenance\.spark_catalog"):
