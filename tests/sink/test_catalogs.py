@@ -34,7 +34,7 @@ def _spark_catalog(spark: Any, sink: Sink) -> str:
     return name
 
 
-def _read_everywhere(spark: Any, sink: Sink, *, duckdb: bool = True) -> list[str]:
+def read_everywhere(spark: Any, sink: Sink, *, duckdb: bool = True) -> list[str]:
     """The table read through pyiceberg's catalog, through Spark's catalog of the same type, and by
     DuckDB from its current metadata (``duckdb``: it reaches S3, not GCS): what each reader found wrong."""
     table = _catalog(sink).load_table(sink.table)
@@ -93,24 +93,29 @@ def test_glue_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
     _lands_survives_a_kill_and_is_maintained(make_sink(catalog=catalog, **_SINK), spark)
 
 
-def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any, monkeypatch: Any
-) -> None:
-    """Tables on Google Cloud Storage (the stack's emulator): pyarrow's GCS client writes them for the
-    sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
-    name = unique_name("gcscat")
-    catalog = {
+def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:
+    """A SQL catalog on the stack's Postgres whose warehouse is on the GCS emulator: a bearer token from
+    ``$ICESINK_TEST_GCS_TOKEN`` (any: the emulator checks none), with the expiry pyarrow requires."""
+    return {
         "name": name,
         "type": "sql",
         "uri": stack.pg_dsn,
         "warehouse": f"gs://warehouse/{name}",
         "gcs.service.host": gcs,
         "gcs.project-id": "icesink",
-        "gcs.oauth2.token": "${ICESINK_TEST_GCS_TOKEN}",  # any token: the emulator checks none
+        "gcs.oauth2.token": "${ICESINK_TEST_GCS_TOKEN}",
         "gcs.oauth2.token-expires-at": str(int((time.time() + 86400) * 1000)),
     }
+
+
+def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any, monkeypatch: Any
+) -> None:
+    """Tables on Google Cloud Storage (the stack's emulator): pyarrow's GCS client writes them for the
+    sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
+    name = unique_name("gcscat")
     monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
-    sink = make_sink(catalog=catalog, **_SINK)
+    sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
     _lands_survives_a_kill_and_is_maintained(sink, spark, duckdb=False)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
@@ -135,7 +140,7 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: 
     last = sink.run_until_caught_up()
     if left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit: the next run finished that plan
         assert f"recovering sink {sink.name}: plan seq {left.seq} " in last.log(), last.log()[-4000:]
-    problems = _read_everywhere(spark, sink, duckdb=duckdb)
+    problems = read_everywhere(spark, sink, duckdb=duckdb)
     assert not problems, "\n".join(problems)
 
     table = _catalog(sink).load_table(sink.table)
@@ -148,5 +153,5 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: 
     assert "compact" in maintained["tasks"], maintained  # Spark's catalog reached the table
     files_after = len(_catalog(sink).load_table(sink.table).inspect.files())
     assert files_after < files_before, f"maintenance left {files_after} files of {files_before}"
-    problems = _read_everywhere(spark, sink, duckdb=duckdb)
+    problems = read_everywhere(spark, sink, duckdb=duckdb)
     assert not problems, "after maintenance:\n" + "\n".join(problems)
