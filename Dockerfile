@@ -72,7 +72,7 @@ ENV PATH=/opt/icesink/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/home/icesink \
-    ICESINK_SPARK_JARS=/opt/icesink/jars/spark-sql-kafka-0-10_2.13-4.1.3.jar,/opt/icesink/jars/spark-token-provider-kafka-0-10_2.13-4.0.0.jar,/opt/icesink/jars/kafka-clients-3.9.1.jar,/opt/icesink/jars/commons-pool2-2.12.1.jar,/opt/icesink/jars/iceberg-spark-runtime-4.1_2.13-1.11.0.jar,/opt/icesink/jars/iceberg-aws-bundle-1.11.0.jar,/opt/icesink/jars/iceberg-gcp-bundle-1.11.0.jar,/opt/icesink/jars/postgresql-42.7.7.jar \
+    ICESINK_SPARK_JARS=/opt/icesink/jars/spark-sql-kafka-0-10_2.13-4.1.3.jar,/opt/icesink/jars/spark-token-provider-kafka-0-10_2.13-4.0.0.jar,/opt/icesink/jars/kafka-clients-3.9.1.jar,/opt/icesink/jars/commons-pool2-2.12.1.jar,/opt/icesink/jars/iceberg-spark-runtime-4.1_2.13-1.11.0.jar,/opt/icesink/jars/iceberg-aws-bundle-1.11.0.jar,/opt/icesink/jars/iceberg-gcp-bundle-1.11.0.jar,/opt/icesink/jars/iceberg-azure-bundle-1.10.0.jar,/opt/icesink/jars/postgresql-42.7.7.jar \
     SPARK_SUBMIT_OPTS=-Dlog4j2.configurationFile=/opt/icesink/conf/log4j2-text.properties \
     ICESINK_HEALTH__PORT=8080
 WORKDIR /home/icesink

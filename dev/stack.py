@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, glue, gcs, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, gcs, azurite, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
     dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
@@ -18,6 +18,7 @@ node with an Iceberg catalog on the REST catalog and S3, a third reader of the t
 registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.format: debezium-avro)
 and AWS Glue's API (moto's server, in memory: a catalog of type glue, its files on the S3 server)
 and a Google Cloud Storage emulator (fake-gcs-server built with `go install`, its bucket `warehouse`)
+and an Azure Blob Storage / ADLS emulator (Azurite from the npm registry, its well-known dev account)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -30,7 +31,7 @@ Environment knobs (all optional):
   ICESINK_KAFKA_PORT=19092  ICESINK_KAFKA_CONTROLLER_PORT=19093  ICESINK_PG_PORT=15432
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
-  ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088
+  ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088  ICESINK_AZURITE_PORT=18089
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -85,6 +86,8 @@ MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
 FAKE_GCS_VERSION = "v1.56.1"
+# The newest Azurite whose package runs on the Node.js these machines have (20; 3.36 on wants 21+).
+AZURITE_VERSION = "3.35.0"
 # SeaweedFS was the planned second choice, but the Go module proxy answers 403 ("not available") for
 # github.com/seaweedfs/seaweedfs, so it cannot be built from the registries this project may use.
 S3_SERVERS = ("minio", "moto")
@@ -114,6 +117,12 @@ class Config:
     )
     glue_port: int = field(default_factory=lambda: _env_int("ICESINK_GLUE_PORT", 18087))
     gcs_port: int = field(default_factory=lambda: _env_int("ICESINK_GCS_PORT", 18088))
+    azurite_port: int = field(default_factory=lambda: _env_int("ICESINK_AZURITE_PORT", 18089))
+    # Azurite's one account and key, the same in every Azurite (published with it: not a secret).
+    azure_account: str = "devstoreaccount1"
+    azure_key: str = (
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+    )
     # A Spark standalone master and two workers (each: an RPC port and a web UI port; the UIs answer the
     # health probes).
     spark_master_port: int = field(default_factory=lambda: _env_int("ICESINK_SPARK_MASTER_PORT", 17077))
@@ -701,6 +710,7 @@ def cmd_install(_: argparse.Namespace) -> int:
     registry_install()
     if not go_install("fake-gcs-server", FAKE_GCS_MODULE, FAKE_GCS_VERSION, "fake-gcs-server"):
         raise StackError("fake-gcs-server (the GCS emulator) could not be built: see the log above")
+    azurite_install()
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -1087,6 +1097,71 @@ def gcs_create_bucket() -> None:
         conn.close()
     if resp.status not in (200, 409):  # 409: made meanwhile
         raise StackError(f"create bucket {CFG.bucket}: HTTP {resp.status} {answer[:200]!r}")
+
+
+# ---- Azure Blob Storage / ADLS (Azurite)
+
+AZURITE_HOME = CACHE / "azurite" / AZURITE_VERSION
+
+
+def azurite_installed() -> bool:
+    return stamp_ok(AZURITE_HOME / ".stamp", AZURITE_VERSION)
+
+
+def azurite_install() -> None:
+    """``npm install azurite`` into the cache (its own prefix: nothing global)."""
+    if azurite_installed():
+        return
+    if not shutil.which("npm"):
+        raise StackError("npm not found: run scripts/bootstrap (it installs npm for Azurite)")
+    log(f"installing Azurite {AZURITE_VERSION} with npm into {AZURITE_HOME}")
+    shutil.rmtree(AZURITE_HOME, ignore_errors=True)
+    AZURITE_HOME.mkdir(parents=True)
+    run(
+        [
+            "npm",
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--prefix",
+            str(AZURITE_HOME),
+            f"azurite@{AZURITE_VERSION}",
+        ]
+    )
+    (AZURITE_HOME / ".stamp").write_text(AZURITE_VERSION + "\n")
+
+
+def azurite_start() -> subprocess.Popen[bytes]:
+    """Azurite's Blob service (what pyarrow's AzureFileSystem and Iceberg's ADLSFileIO use), its data
+    under the run directory, requests authenticated with the account's shared key."""
+    if not azurite_installed():
+        raise StackError("Azurite is not installed: run dev/stack install")
+    data = RUN / "azurite"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        str(AZURITE_HOME / "node_modules" / ".bin" / "azurite-blob"),
+        "--blobHost",
+        HOST,
+        "--blobPort",
+        str(CFG.azurite_port),
+        "--location",
+        str(data),
+        "--skipApiVersionCheck",
+    ]
+    return spawn(SERVICES["azurite"], argv, cwd=data)
+
+
+def azurite_health() -> str:
+    """Any answer of the Blob service (an unsigned request is refused, which shows it is serving)."""
+    conn = http.client.HTTPConnection(HOST, CFG.azurite_port, timeout=5)
+    try:
+        conn.request("GET", f"/{CFG.azure_account}?comp=list")
+        status = conn.getresponse().status
+    finally:
+        conn.close()
+    if status >= 500:
+        raise StackError(f"list containers: HTTP {status}")
+    return f"Azurite {AZURITE_VERSION}, account {CFG.azure_account}"
 
 
 # ---- Kafka
@@ -1561,6 +1636,7 @@ SERVICES: dict[str, Service] = {
     "gcs": Service(
         "gcs", CFG.gcs_port, "fake-gcs-server", gcs_start, gcs_health, after_healthy=gcs_create_bucket
     ),
+    "azurite": Service("azurite", CFG.azurite_port, "azurite-blob", azurite_start, azurite_health),
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -1629,6 +1705,7 @@ def installed() -> bool:
         and trino_installed()
         and registry_installed()
         and gcs_installed()
+        and azurite_installed()
         and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
@@ -1662,7 +1739,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
     # Spark's workers (the master).
-    later = ["rest", "connect", "trino", "registry", "glue", "gcs", *SPARK_WORKER_NAMES]
+    later = ["rest", "connect", "trino", "registry", "glue", "gcs", "azurite", *SPARK_WORKER_NAMES]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1730,6 +1807,7 @@ def cmd_down(_: argparse.Namespace) -> int:
     first = (
         *SPARK_WORKER_NAMES,
         "spark-master",
+        "azurite",
         "gcs",
         "glue",
         "registry",
@@ -1788,6 +1866,9 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_SCHEMA_REGISTRY_URL": CFG.registry_uri,
         "ICESINK_GLUE_ENDPOINT": CFG.glue_endpoint,
         "ICESINK_GCS_ENDPOINT": CFG.gcs_endpoint,
+        "ICESINK_AZURITE_AUTHORITY": f"{HOST}:{CFG.azurite_port}",
+        "ICESINK_AZURE_ACCOUNT": CFG.azure_account,
+        "ICESINK_AZURE_ACCOUNT_KEY": CFG.azure_key,
         "ICESINK_SPARK_MASTER": CFG.spark_master,
         "ICESINK_SPARK_MASTER_UI": f"http://{HOST}:{CFG.spark_master_ui_port}",
         "ICESINK_CDC_DSN": CFG.pg_dsn(CFG.pg_cdc_db),

@@ -50,6 +50,8 @@ MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 DEFAULT_IVY_HOME = Path("~/.ivy2.5.2")  # Spark 4's default for spark.jars.ivy
 TOKEN_PROVIDER_VERSION = "4.0.0"  # the same jar as deploy/docker/spark-jars.txt
 POSTGRES_JDBC = "org.postgresql:postgresql:42.7.7"  # the same jar as deploy/docker/spark-jars.txt
+# The Azure SDK for ADLSFileIO: Maven Central has no 1.11.0 of this bundle (ADLSFileIO is in the runtime).
+ICEBERG_AZURE_BUNDLE = "org.apache.iceberg:iceberg-azure-bundle:1.10.0"
 
 # The classes the Kafka source needs, each with the artifact that holds it.
 REQUIRED_CLASSES: tuple[tuple[str, str], ...] = (
@@ -136,13 +138,14 @@ def ivy_home(spark: SparkConfig) -> Path:
 
 
 def iceberg_coordinates() -> tuple[str, ...]:
-    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, its AWS and GCP
-    bundles (S3FileIO, GCSFileIO), and the Postgres JDBC driver (a SQL catalog on Postgres is Iceberg's JdbcCatalog in Spark)."""
+    """Iceberg's Spark runtime for the installed pyspark's Spark and Scala versions, its AWS, GCP and
+    Azure bundles (S3FileIO, GCSFileIO, ADLSFileIO), and the Postgres JDBC driver (a SQL catalog on Postgres is Iceberg's JdbcCatalog in Spark)."""
     spark_minor = ".".join(spark_version().split(".")[:2])
     return (
         f"org.apache.iceberg:iceberg-spark-runtime-{spark_minor}_{scala_version()}:{ICEBERG_VERSION}",
         f"org.apache.iceberg:iceberg-aws-bundle:{ICEBERG_VERSION}",
         f"org.apache.iceberg:iceberg-gcp-bundle:{ICEBERG_VERSION}",
+        ICEBERG_AZURE_BUNDLE,
         POSTGRES_JDBC,
     )
 

@@ -233,6 +233,42 @@ def gcs(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="session")
+def azurite(stack: Stack) -> dict[str, str]:
+    """The stack's Azure Blob Storage emulator (Azurite) as pyiceberg's ADLS properties, its container
+    ``warehouse`` made; the account key named as an environment variable (``${ICESINK_AZURE_ACCOUNT_KEY}``)."""
+    env = load_stack_env(("ICESINK_AZURITE_AUTHORITY", "ICESINK_AZURE_ACCOUNT", "ICESINK_AZURE_ACCOUNT_KEY"))
+    os.environ.setdefault("ICESINK_AZURE_ACCOUNT_KEY", env["ICESINK_AZURE_ACCOUNT_KEY"])
+    props = {
+        "adls.account-name": env["ICESINK_AZURE_ACCOUNT"],
+        "adls.account-key": "${ICESINK_AZURE_ACCOUNT_KEY}",
+        "adls.blob-storage-authority": env["ICESINK_AZURITE_AUTHORITY"],
+        "adls.blob-storage-scheme": "http",
+        "adls.dfs-storage-authority": env["ICESINK_AZURITE_AUTHORITY"],
+        "adls.dfs-storage-scheme": "http",
+    }
+    try:
+        from pyarrow.fs import AzureFileSystem, FileType
+
+        fs = AzureFileSystem(
+            account_name=env["ICESINK_AZURE_ACCOUNT"],
+            account_key=env["ICESINK_AZURE_ACCOUNT_KEY"],
+            blob_storage_authority=env["ICESINK_AZURITE_AUTHORITY"],
+            blob_storage_scheme="http",
+            dfs_storage_authority=env["ICESINK_AZURITE_AUTHORITY"],
+            dfs_storage_scheme="http",
+        )
+        if fs.get_file_info("warehouse").type is FileType.NotFound:
+            fs.create_dir("warehouse")
+    except Exception as exc:
+        pytest.fail(
+            f"Azurite at {env['ICESINK_AZURITE_AUTHORITY']} does not answer ({exc}): `dev/stack up` (or "
+            "`dev/stack start azurite`); log in .cache/run/logs/azurite.log",
+            pytrace=False,
+        )
+    return props
+
+
+@pytest.fixture(scope="session")
 def spark_cluster(stack: Stack) -> SparkCluster:
     """The stack's Spark standalone cluster (a master, two 1-core workers); fails loudly unless both
     workers are alive."""

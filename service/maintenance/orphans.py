@@ -35,6 +35,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from service.config import SinkConfig
+from service.model.object_store import ObjectStoreIO
 from service.txnlog_client import open_txnlog
 from txnlog import TransactionLog
 
@@ -83,21 +84,17 @@ def data_location(table: Table) -> str:
     return table.location_provider().data_path.rstrip("/")
 
 
-def _with_scheme(location: str, scheme: str, path: str) -> str:
-    """pyarrow lists ``bucket/key``; the table's files are named ``s3://bucket/key``."""
-    if scheme in ("file", ""):
-        return path if "://" not in location else f"file://{path}"
-    return f"{scheme}://{path}"
-
-
 def list_files(io: FileIO, location: str) -> list[StoredFile]:
-    """Every file under ``location`` with its size and modification time."""
+    """Every file under ``location`` with its size and modification time, named as the table names its
+    files: pyarrow lists ``bucket/key`` (``container/path`` on ADLS) under the path it was given, and
+    each name is ``location`` followed by what comes after that path."""
     from pyarrow import fs as pafs
 
     if not isinstance(io, PyArrowFileIO):
-        io = PyArrowFileIO(io.properties)
-    scheme, netloc, path = PyArrowFileIO.parse_location(location, io.properties)
+        io = ObjectStoreIO(io.properties)
+    scheme, netloc, path = io.parse_location(location, io.properties)
     filesystem = io.fs_by_scheme(scheme, netloc)
+    root, listed_root = location.rstrip("/"), path.rstrip("/")
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except FileNotFoundError:
@@ -109,7 +106,9 @@ def list_files(io: FileIO, location: str) -> list[StoredFile]:
         modified = info.mtime or datetime.fromtimestamp(0, UTC)
         if modified.tzinfo is None:
             modified = modified.replace(tzinfo=UTC)
-        files.append(StoredFile(_with_scheme(location, scheme, info.path), int(info.size or 0), modified))
+        if not info.path.startswith(listed_root):
+            raise ValueError(f"listing {location}: {info.path} is not under {listed_root}")
+        files.append(StoredFile(root + info.path[len(listed_root) :], int(info.size or 0), modified))
     return files
 
 

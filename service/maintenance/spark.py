@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyiceberg.catalog import infer_catalog_type
 
 from service.config import ConfigError, SinkConfig
+from service.model.object_store import AZURE_SCHEMES
 
 CATALOG = "icesink"  # the catalog's name inside the maintainer's Spark session
 
@@ -88,6 +90,38 @@ def _jdbc(props: dict[str, Any]) -> dict[str, str]:
     return conf
 
 
+def _adls(props: dict[str, Any]) -> dict[str, str]:
+    """pyiceberg's ADLS properties as Iceberg's ADLSFileIO reads them. The Java side keys an endpoint
+    and a SAS token by the storage account's host (``<account>.dfs.core.windows.net``, the location's
+    host); pyiceberg names the account and, for an emulator or a private endpoint, the authority and
+    scheme to reach it at. Without a key or SAS token ADLSFileIO takes Azure's default credential chain
+    (``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/..., workload identity, managed identity)."""
+    conf = {"io-impl": "org.apache.iceberg.azure.adlsv2.ADLSFileIO"}
+    account = props.get("adls.account-name")
+    if not isinstance(account, str):
+        return conf
+    warehouse = urlsplit(str(props.get("warehouse", "")))
+    host = warehouse.hostname if warehouse.scheme in AZURE_SCHEMES and warehouse.hostname else None
+    host = host or f"{account}.dfs.core.windows.net"
+    if isinstance(key := props.get("adls.account-key"), str):
+        conf["adls.auth.shared-key.account.name"] = account
+        conf["adls.auth.shared-key.account.key"] = key
+    if isinstance(sas := props.get("adls.sas-token"), str):
+        conf[f"adls.sas-token.{host}"] = sas
+    authority = props.get("adls.dfs-storage-authority") or props.get("adls.blob-storage-authority")
+    if isinstance(authority, str):
+        scheme = props.get("adls.dfs-storage-scheme") or props.get("adls.blob-storage-scheme") or "https"
+        # As pyarrow reads it: a domain suffix (".dfs.example.net") follows the account, any other
+        # authority (an emulator's host:port) is the server and the account the first path segment.
+        url = (
+            f"{scheme}://{account}{authority}"
+            if authority.startswith(".")
+            else f"{scheme}://{authority}/{account}"
+        )
+        conf[f"adls.connection-string.{host}"] = url
+    return conf
+
+
 def spark_catalog_name(config: SinkConfig) -> str:
     """The catalog's name in the maintainer's Spark session: the sink's own for a SQL catalog, whose rows
     are keyed by it (:func:`_jdbc`); ``icesink`` otherwise."""
@@ -146,5 +180,10 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
             conf[f"{prefix}.s3.path-style-access"] = "false" if virtual else "true"
     if any(k.startswith("gcs.") for k in props) or str(props.get("warehouse", "")).startswith("gs://"):
         conf[f"{prefix}.io-impl"] = "org.apache.iceberg.gcp.gcs.GCSFileIO"
+    if (
+        any(k.startswith("adls.") for k in props)
+        or urlsplit(str(props.get("warehouse", ""))).scheme in AZURE_SCHEMES
+    ):
+        conf.update({f"{prefix}.{k}": v for k, v in _adls(props).items()})
     conf.update({f"{prefix}.{k}": v for k, v in given.items()})
     return conf

@@ -8,6 +8,12 @@ small file by default, 2.5 ms opened late; against a remote object store each re
 round trip. The cost: a bucket that does not exist is reported when the file is closed rather than
 opened, which fails the write all the same.
 
+It also reads and writes ADLS locations in their canonical form,
+``abfs[s]://<container>@<account>.dfs.core.windows.net/<path>`` (what Iceberg's Java ADLSFileIO and
+every other engine write): pyiceberg 0.12 hands pyarrow ``<container>@<account>...`` as the container
+(apache/iceberg-python#2698), while pyarrow's AzureFileSystem wants ``<container>/<path>`` and takes the
+account from ``adls.account-name``.
+
 Tables the sink opens use it through the catalog's ``py-io-impl`` property (a ``py-io-impl`` of the
 catalog's configuration wins), so the Spark tasks, which load the FileIO from the table's properties,
 use it too.
@@ -15,14 +21,26 @@ use it too.
 
 from __future__ import annotations
 
+from urllib.parse import urlparse
+
 from pyarrow.fs import FileSystem, S3FileSystem
 from pyiceberg.io import PY_IO_IMPL, S3_RETRY_STRATEGY_IMPL
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.typedef import EMPTY_DICT, Properties
 
 PATH = f"{__name__}.ObjectStoreIO"
+AZURE_SCHEMES = ("abfs", "abfss", "wasb", "wasbs")
 
 
 class ObjectStoreIO(PyArrowFileIO):
+    @staticmethod
+    def parse_location(location: str, properties: Properties = EMPTY_DICT) -> tuple[str, str, str]:
+        scheme, netloc, path = PyArrowFileIO.parse_location(location, properties)
+        if scheme in AZURE_SCHEMES and "@" in netloc:
+            container = netloc.split("@", 1)[0]
+            return scheme, netloc, f"{container}{urlparse(location).path}"
+        return scheme, netloc, path
+
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         fs = super()._initialize_s3_fs(netloc)
         if not isinstance(fs, S3FileSystem) or self.properties.get(S3_RETRY_STRATEGY_IMPL):

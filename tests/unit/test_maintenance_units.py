@@ -157,6 +157,47 @@ def test_tables_on_gcs_use_icebergs_gcs_file_io_with_the_same_properties() -> No
     assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.aws.s3.S3FileIO"
 
 
+def test_tables_on_adls_use_icebergs_adls_file_io_keyed_by_the_accounts_host() -> None:
+    adls = {
+        "type": "sql",
+        "uri": "postgresql+psycopg://u@h/db",
+        "warehouse": "abfss://lake@acct.dfs.core.windows.net/wh",
+        "adls.account-name": "acct",
+        "adls.account-key": "k",
+        "adls.sas-token": "sv=1",
+    }
+    prefix = "spark.sql.catalog.lake"
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **adls}), env={}), "lake")
+    assert conf[f"{prefix}.io-impl"] == "org.apache.iceberg.azure.adlsv2.ADLSFileIO"
+    assert conf[f"{prefix}.adls.auth.shared-key.account.name"] == "acct"
+    assert conf[f"{prefix}.adls.auth.shared-key.account.key"] == "k"
+    assert conf[f"{prefix}.adls.sas-token.acct.dfs.core.windows.net"] == "sv=1"
+    assert not any(".adls.connection-string." in k for k in conf), "Azure's own endpoint unless one is named"
+    emulator = {**adls, "adls.blob-storage-authority": "127.0.0.1:10000", "adls.blob-storage-scheme": "http"}
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **emulator}), env={}), "lake")
+    assert conf[f"{prefix}.adls.connection-string.acct.dfs.core.windows.net"] == "http://127.0.0.1:10000/acct"
+    private = {**adls, "adls.dfs-storage-authority": ".dfs.private.example"}
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **private}), env={}), "lake")
+    assert (
+        conf[f"{prefix}.adls.connection-string.acct.dfs.core.windows.net"]
+        == "https://acct.dfs.private.example"
+    )
+
+
+def test_adls_locations_reach_pyarrow_as_container_and_path() -> None:
+    """pyiceberg 0.12 keeps ``container@account.host`` in the path; icesink's FileIO drops the account."""
+    from service.model.object_store import ObjectStoreIO
+
+    for scheme in ("abfs", "abfss", "wasb", "wasbs"):
+        location = f"{scheme}://lake@acct.dfs.core.windows.net/wh/t/data/f.parquet"
+        assert ObjectStoreIO.parse_location(location) == (
+            scheme,
+            "lake@acct.dfs.core.windows.net",
+            "lake/wh/t/data/f.parquet",
+        )
+    assert ObjectStoreIO.parse_location("s3://b/k/f") == ("s3", "b", "b/k/f")
+
+
 def test_a_catalog_spark_does_not_know_needs_maintenance_spark_catalog() -> None:
     dynamo = with_(catalog={"type": "dynamodb", "dynamodb.region": "eu-west-1", "warehouse": "s3://b/w"})
     with pytest.raises(ConfigError, match=r"maintenance\.spark_catalog"):
