@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, glue, gcs, azurite, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, gcs, azurite, nessie, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
     dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
@@ -19,6 +19,8 @@ registry (Apicurio Registry, in-memory, its Confluent-compatible API for source.
 and AWS Glue's API (moto's server, in memory: a catalog of type glue, its files on the S3 server)
 and a Google Cloud Storage emulator (fake-gcs-server built with `go install`, its bucket `warehouse`)
 and an Azure Blob Storage / ADLS emulator (Azurite from the npm registry, its well-known dev account)
+and a second Iceberg REST server, Nessie's (its runner jar from Maven Central, in memory, its warehouse
+on the S3 server)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -32,6 +34,7 @@ Environment knobs (all optional):
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
   ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088  ICESINK_AZURITE_PORT=18089
+  ICESINK_NESSIE_PORT=18095  ICESINK_NESSIE_MANAGEMENT_PORT=18096
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -118,6 +121,10 @@ class Config:
     glue_port: int = field(default_factory=lambda: _env_int("ICESINK_GLUE_PORT", 18087))
     gcs_port: int = field(default_factory=lambda: _env_int("ICESINK_GCS_PORT", 18088))
     azurite_port: int = field(default_factory=lambda: _env_int("ICESINK_AZURITE_PORT", 18089))
+    nessie_port: int = field(default_factory=lambda: _env_int("ICESINK_NESSIE_PORT", 18095))
+    nessie_management_port: int = field(
+        default_factory=lambda: _env_int("ICESINK_NESSIE_MANAGEMENT_PORT", 18096)
+    )
     # Azurite's one account and key, the same in every Azurite (published with it: not a secret).
     azure_account: str = "devstoreaccount1"
     azure_key: str = (
@@ -503,15 +510,16 @@ def go_env() -> dict[str, str]:
     }
 
 
-def go_install(name: str, module: str, version: str, binary: str) -> bool:
-    """Build one Go binary into CACHE/bin; a failure is remembered so later installs do not retry it."""
+def go_install(name: str, module: str, version: str, binary: str, *, required: bool = False) -> bool:
+    """Build one Go binary into CACHE/bin. A failure of an optional one (an S3 server with another to
+    fall back on) is remembered so later installs do not retry it; a required one is tried each time."""
     target = CACHE / "bin" / binary
     stamp = CACHE / "bin" / f".{binary}.version"
     failed = CACHE / "bin" / f".{binary}.failed"
     if target.exists() and stamp_ok(stamp, version):
         return True
     forced = os.environ.get("ICESINK_S3_SERVER") == name
-    if failed.exists() and stamp_ok(failed, version) and not forced:
+    if failed.exists() and stamp_ok(failed, version) and not forced and not required:
         log(
             f"skipping {name}: its build failed before (see {CACHE / 'logs' / (binary + '-build.log')}); "
             f"set ICESINK_S3_SERVER={name} to retry"
@@ -656,6 +664,71 @@ def trino_install() -> Path:
     return TRINO_HOME
 
 
+# ---- Nessie: its Quarkus server's runner jar from Maven Central (0.99.0, the newest published there;
+# built for Java 21: Temurin 25 runs it), an Iceberg REST catalog at /iceberg
+
+NESSIE_VERSION = "0.99.0"
+NESSIE_JAR = (
+    CACHE / "m2" / "org" / "projectnessie" / "nessie" / "nessie-quarkus" / NESSIE_VERSION
+) / f"nessie-quarkus-{NESSIE_VERSION}-runner.jar"  # run where Maven put it (245 MB: no copy)
+
+
+def nessie_installed() -> bool:
+    return NESSIE_JAR.exists()
+
+
+def nessie_install() -> None:
+    trino_java_home()  # the same JDK 24+ runs it
+    if nessie_installed():
+        return
+    coordinate = f"org.projectnessie.nessie:nessie-quarkus:{NESSIE_VERSION}:jar:runner"
+    log(f"fetching {coordinate} with Maven")
+    mvn(coordinate, f"{MAVEN_DEPENDENCY_PLUGIN}:get", f"-Dartifact={coordinate}", "-Dtransitive=false")
+
+
+def nessie_start() -> subprocess.Popen[bytes]:
+    """Its version store in memory (a restart forgets every table, as the registry's schemas); the
+    warehouse ``s3://warehouse/nessie`` on the S3 server, whose keys reach it through the environment."""
+    if not nessie_installed():
+        raise StackError("Nessie is not installed: run dev/stack install")
+    java_home = trino_java_home()
+    s3 = "nessie.catalog.service.s3.default-options"
+    argv = [
+        str(java_home / "bin" / "java"),
+        "-Xms64m",
+        "-Xmx384m",
+        f"-Dquarkus.http.host={HOST}",
+        f"-Dquarkus.http.port={CFG.nessie_port}",
+        f"-Dquarkus.management.host={HOST}",
+        f"-Dquarkus.management.port={CFG.nessie_management_port}",
+        "-Dquarkus.log.console.format=%d{HH:mm:ss} %-5p [%c{2.}] %s%e%n",
+        "-Dnessie.version.store.type=IN_MEMORY",
+        "-Dnessie.server.authentication.enabled=false",
+        "-Dnessie.catalog.default-warehouse=warehouse",
+        f"-Dnessie.catalog.warehouses.warehouse.location=s3://{CFG.bucket}/nessie",
+        f"-D{s3}.endpoint={CFG.s3_endpoint}/",
+        f"-D{s3}.path-style-access=true",
+        f"-D{s3}.region={CFG.region}",
+        f"-D{s3}.access-key=urn:nessie-secret:quarkus:nessie.catalog.secrets.access-key",
+        "-jar",
+        str(NESSIE_JAR),
+    ]
+    env = {
+        **os.environ,
+        "JAVA_HOME": str(java_home),
+        "NESSIE_CATALOG_SECRETS_ACCESS_KEY_NAME": CFG.s3_access_key,
+        "NESSIE_CATALOG_SECRETS_ACCESS_KEY_SECRET": CFG.s3_secret_key,
+    }
+    data = RUN / "nessie"
+    data.mkdir(parents=True, exist_ok=True)
+    return spawn(SERVICES["nessie"], argv, env=env, cwd=data)
+
+
+def nessie_health() -> str:
+    config = json.loads(http_get(CFG.nessie_port, "/iceberg/v1/config"))
+    return f"Nessie {NESSIE_VERSION}, warehouse {config.get('defaults', {}).get('warehouse')}"
+
+
 # ---- the schema registry: Apicurio Registry's Quarkus app from Maven Central (Java 21+: Temurin 25)
 
 REGISTRY_VERSION = "3.3.3"
@@ -708,9 +781,10 @@ def cmd_install(_: argparse.Namespace) -> int:
     build_rest_launcher()
     trino_install()
     registry_install()
-    if not go_install("fake-gcs-server", FAKE_GCS_MODULE, FAKE_GCS_VERSION, "fake-gcs-server"):
+    if not go_install("fake-gcs-server", FAKE_GCS_MODULE, FAKE_GCS_VERSION, "fake-gcs-server", required=True):
         raise StackError("fake-gcs-server (the GCS emulator) could not be built: see the log above")
     azurite_install()
+    nessie_install()
     s3 = install_s3_server()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -1637,6 +1711,7 @@ SERVICES: dict[str, Service] = {
         "gcs", CFG.gcs_port, "fake-gcs-server", gcs_start, gcs_health, after_healthy=gcs_create_bucket
     ),
     "azurite": Service("azurite", CFG.azurite_port, "azurite-blob", azurite_start, azurite_health),
+    "nessie": Service("nessie", CFG.nessie_port, "nessie-quarkus", nessie_start, nessie_health),
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -1706,6 +1781,7 @@ def installed() -> bool:
         and registry_installed()
         and gcs_installed()
         and azurite_installed()
+        and nessie_installed()
         and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
@@ -1739,7 +1815,7 @@ def cmd_up(_: argparse.Namespace) -> int:
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
     # Spark's workers (the master).
-    later = ["rest", "connect", "trino", "registry", "glue", "gcs", "azurite", *SPARK_WORKER_NAMES]
+    later = ["rest", "connect", "trino", "registry", "glue", "gcs", "azurite", "nessie", *SPARK_WORKER_NAMES]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1807,6 +1883,7 @@ def cmd_down(_: argparse.Namespace) -> int:
     first = (
         *SPARK_WORKER_NAMES,
         "spark-master",
+        "nessie",
         "azurite",
         "gcs",
         "glue",
@@ -1867,6 +1944,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_GLUE_ENDPOINT": CFG.glue_endpoint,
         "ICESINK_GCS_ENDPOINT": CFG.gcs_endpoint,
         "ICESINK_AZURITE_AUTHORITY": f"{HOST}:{CFG.azurite_port}",
+        "ICESINK_NESSIE_URI": f"http://{HOST}:{CFG.nessie_port}/iceberg",
         "ICESINK_AZURE_ACCOUNT": CFG.azure_account,
         "ICESINK_AZURE_ACCOUNT_KEY": CFG.azure_key,
         "ICESINK_SPARK_MASTER": CFG.spark_master,

@@ -91,7 +91,7 @@ def sql_literal(text: str) -> str:
 
 
 # Spark's default, plus the names of the catalog settings that hold secrets (REST credential, headers).
-REDACTION = "(?i)secret|password|token|access[.]?key|credential|header"
+REDACTION = "(?i)secret|password|token|access[.]?key|account[.]key|shared-key|credential|header"
 
 
 def build_spark(

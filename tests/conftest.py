@@ -233,6 +233,22 @@ def gcs(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="session")
+def nessie(stack: Stack) -> str:
+    """The stack's Nessie server: its Iceberg REST API's URI (the warehouse on the S3 server)."""
+    uri = load_stack_env(("ICESINK_NESSIE_URI",))["ICESINK_NESSIE_URI"].rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{uri}/v1/config", timeout=10) as resp:
+            resp.read()
+    except Exception as exc:
+        pytest.fail(
+            f"Nessie at {uri} does not answer ({exc}): `dev/stack up` (or `dev/stack start nessie`); "
+            "log in .cache/run/logs/nessie.log",
+            pytrace=False,
+        )
+    return uri
+
+
+@pytest.fixture(scope="session")
 def azurite(stack: Stack) -> dict[str, str]:
     """The stack's Azure Blob Storage emulator (Azurite) as pyiceberg's ADLS properties, its container
     ``warehouse`` made; the account key named as an environment variable (``${ICESINK_AZURE_ACCOUNT_KEY}``)."""

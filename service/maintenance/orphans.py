@@ -35,7 +35,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from service.config import SinkConfig
-from service.model.object_store import ObjectStoreIO
+from service.model.object_store import AZURE_SCHEMES, ObjectStoreIO
 from service.txnlog_client import open_txnlog
 from txnlog import TransactionLog
 
@@ -106,7 +106,7 @@ def list_files(io: FileIO, location: str) -> list[StoredFile]:
         modified = info.mtime or datetime.fromtimestamp(0, UTC)
         if modified.tzinfo is None:
             modified = modified.replace(tzinfo=UTC)
-        if not info.path.startswith(listed_root):
+        if not info.path.startswith(listed_root + "/"):
             raise ValueError(f"listing {location}: {info.path} is not under {listed_root}")
         files.append(StoredFile(root + info.path[len(listed_root) :], int(info.size or 0), modified))
     return files
@@ -147,10 +147,19 @@ def plan_files(log: TransactionLog, table: str) -> set[str]:
 
 
 def _normalise(path: str) -> str:
-    """``s3a://b/k`` and ``s3://b/k`` name the same object; ``file:/x`` and ``/x`` the same file."""
+    """``s3a://b/k`` and ``s3://b/k`` name the same object, ``gcs://`` and ``gs://`` too; an ADLS blob
+    is the same under abfs, abfss, wasb and wasbs, at the account's dfs or blob host; ``file:/x`` and
+    ``/x`` name the same file."""
     for prefix in ("s3a://", "s3n://"):
         if path.startswith(prefix):
             return "s3://" + path[len(prefix) :]
+    if path.startswith("gcs://"):
+        return "gs://" + path[len("gcs://") :]
+    scheme, _, rest = path.partition("://")
+    if scheme in AZURE_SCHEMES and "@" in rest.split("/", 1)[0]:
+        authority, _, key = rest.partition("/")
+        container, _, host = authority.partition("@")
+        return f"azure://{container}@{host.split('.', 1)[0]}/{key}"
     for prefix in ("file://", "file:"):
         if path.startswith(prefix):
             return path[len(prefix) :]

@@ -95,19 +95,23 @@ def _adls(props: dict[str, Any]) -> dict[str, str]:
     and a SAS token by the storage account's host (``<account>.dfs.core.windows.net``, the location's
     host); pyiceberg names the account and, for an emulator or a private endpoint, the authority and
     scheme to reach it at. Without a key or SAS token ADLSFileIO takes Azure's default credential chain
-    (``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/..., workload identity, managed identity)."""
+    (``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, workload identity, managed
+    identity): pyiceberg's ``adls.tenant-id``/``client-id``/``client-secret`` have no ADLSFileIO
+    counterpart, so a service principal reaches the maintainer through those variables."""
     conf = {"io-impl": "org.apache.iceberg.azure.adlsv2.ADLSFileIO"}
     account = props.get("adls.account-name")
     if not isinstance(account, str):
         return conf
     warehouse = urlsplit(str(props.get("warehouse", "")))
-    host = warehouse.hostname if warehouse.scheme in AZURE_SCHEMES and warehouse.hostname else None
-    host = host or f"{account}.dfs.core.windows.net"
+    given = warehouse.netloc.rpartition("@")[2] if warehouse.scheme in AZURE_SCHEMES else ""
+    # Keyed by the location's host as written (a port included); a REST catalog's warehouse is a name,
+    # and its tables may be on either host of the account.
+    hosts = {given} if given else {f"{account}.dfs.core.windows.net", f"{account}.blob.core.windows.net"}
     if isinstance(key := props.get("adls.account-key"), str):
         conf["adls.auth.shared-key.account.name"] = account
         conf["adls.auth.shared-key.account.key"] = key
     if isinstance(sas := props.get("adls.sas-token"), str):
-        conf[f"adls.sas-token.{host}"] = sas
+        conf.update({f"adls.sas-token.{host}": sas for host in hosts})
     authority = props.get("adls.dfs-storage-authority") or props.get("adls.blob-storage-authority")
     if isinstance(authority, str):
         scheme = props.get("adls.dfs-storage-scheme") or props.get("adls.blob-storage-scheme") or "https"
@@ -118,7 +122,7 @@ def _adls(props: dict[str, Any]) -> dict[str, str]:
             if authority.startswith(".")
             else f"{scheme}://{authority}/{account}"
         )
-        conf[f"adls.connection-string.{host}"] = url
+        conf.update({f"adls.connection-string.{host}": url for host in hosts})
     return conf
 
 
@@ -185,5 +189,8 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
         or urlsplit(str(props.get("warehouse", ""))).scheme in AZURE_SCHEMES
     ):
         conf.update({f"{prefix}.{k}": v for k, v in _adls(props).items()})
+    stores = [k for k in ("s3.", "gcs.", "adls.") if any(p.startswith(k) for p in props)]
+    if len(stores) > 1:  # tables on more than one store: the FileIO each file's scheme needs
+        conf[f"{prefix}.io-impl"] = "org.apache.iceberg.io.ResolvingFileIO"
     conf.update({f"{prefix}.{k}": v for k, v in given.items()})
     return conf

@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlsplit
 
 from py4j.protocol import Py4JJavaError
 
@@ -35,6 +36,7 @@ from service.commit.turns import compaction_turn
 from service.config import MaintenanceConfig, SinkConfig
 from service.iceberg.row_delta import ManifestMerge
 from service.maintenance.table_health import TableHealth
+from service.model.object_store import AZURE_SCHEMES
 from service.spark_session import sql_literal
 
 if TYPE_CHECKING:
@@ -438,9 +440,9 @@ class RemoveOrphans(Task):
         )
         ctx.check_lease()
         deleted = delete_orphans(ctx.config, report, catalog=ctx.catalog)
-        metadata_orphans = _delete_metadata_orphans(ctx, cfg.older_than)
+        metadata_orphans: int | str = _delete_metadata_orphans(ctx, cfg.older_than)
         return TaskResult(
-            files_removed=len(deleted) + metadata_orphans,
+            files_removed=len(deleted) + (metadata_orphans if isinstance(metadata_orphans, int) else 0),
             detail={
                 "data_orphans": len(deleted),
                 "data_orphan_bytes": sum(f.size for f in report.orphans),
@@ -530,17 +532,24 @@ def _drop_dangling_deletes(ctx: TaskContext) -> int:
     return len(dangling)
 
 
-def _delete_metadata_orphans(ctx: TaskContext, older_than: timedelta) -> int:
-    """Iceberg's ``DeleteOrphanFiles`` action over the table's metadata location; returns the count.
+def _delete_metadata_orphans(ctx: TaskContext, older_than: timedelta) -> int | str:
+    """Iceberg's ``DeleteOrphanFiles`` action over the table's metadata location; returns the count, or
+    why it was not run.
 
     The action, not the ``remove_orphan_files`` procedure: the procedure refuses ages under 24 hours,
     while ``maintenance.orphans.older_than`` may be as short as an hour (no icesink commit is
     anywhere near that long in flight).
+
+    Not on ADLS: ADLSFileIO's prefix listing (Iceberg 1.11) names files relative to the container, which
+    the action compares with the table's full ``abfs://`` names: every metadata file would be taken for
+    an orphan, the live ones too.
     """
     jvm = ctx.spark.sparkContext._jvm
     assert jvm is not None
     session = ctx.spark._jsparkSession
     table = _java_table(ctx)
+    if urlsplit(str(table.location())).scheme in AZURE_SCHEMES:
+        return "skipped on ADLS: Iceberg's prefix listing there names files unlike the table does"
     cutoff_ms = int((datetime.now(UTC) - older_than).timestamp() * 1000)
     result = (
         jvm.org.apache.iceberg.spark.actions.SparkActions.get(session)

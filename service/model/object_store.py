@@ -24,7 +24,7 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from pyarrow.fs import FileSystem, S3FileSystem
-from pyiceberg.io import PY_IO_IMPL, S3_RETRY_STRATEGY_IMPL
+from pyiceberg.io import ADLS_ACCOUNT_NAME, PY_IO_IMPL, S3_RETRY_STRATEGY_IMPL
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
@@ -37,7 +37,12 @@ class ObjectStoreIO(PyArrowFileIO):
     def parse_location(location: str, properties: Properties = EMPTY_DICT) -> tuple[str, str, str]:
         scheme, netloc, path = PyArrowFileIO.parse_location(location, properties)
         if scheme in AZURE_SCHEMES and "@" in netloc:
-            container = netloc.split("@", 1)[0]
+            container, host = netloc.split("@", 1)
+            account = properties.get(ADLS_ACCOUNT_NAME)
+            if account and host.split(".", 1)[0] != account:
+                # pyarrow reaches one account (adls.account-name): another's location would be read
+                # and written in that account's container of the same name.
+                raise ValueError(f"{location}: not in the storage account {account} (adls.account-name)")
             return scheme, netloc, f"{container}{urlparse(location).path}"
         return scheme, netloc, path
 

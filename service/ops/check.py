@@ -73,10 +73,12 @@ def _storage(config: SinkConfig) -> str:
     except NoSuchTableError:
         from pyiceberg.io import load_file_io
 
+        from service.model.object_store import with_object_store_io
+
         location = config.catalog.get("warehouse", "")
         if not location or ("://" not in location and not location.startswith("/")):
             return "skipped: table not created yet and no warehouse location configured"
-        io = load_file_io(config.catalog_properties, location)
+        io = load_file_io(with_object_store_io(config.catalog_properties), location)
     probe = f"{location.rstrip('/')}/.icesink-check-{uuid.uuid4().hex}"
     with io.new_output(probe).create() as out:
         out.write(b"ok")

@@ -40,7 +40,7 @@ from sqlalchemy.engine import make_url
 from service.sample import envelope_schema
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink, SinkRun
-from tests.sink.test_catalogs import gcs_catalog, read_everywhere
+from tests.sink.test_catalogs import adls_catalog, gcs_catalog, read_everywhere
 from txnlog.dsn import parse_dsn
 from txnlog.schema import tables
 
@@ -312,23 +312,37 @@ def test_outages_of_every_server(make_sink: Any, spark: Any, stack: Any) -> None
         assert any(needle in r for r in reasons), f"no dead letter for {needle!r}: {reasons}"
 
 
-def test_a_gcs_outage_while_a_commit_writes_its_manifests_is_waited_out(
-    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any, monkeypatch: Any
+def _on_store(store: str, request: Any, stack: Any, name: str) -> tuple[dict[str, str], Outage]:
+    """A catalog whose warehouse is on ``store`` (a server of the stack), and that server's outage."""
+    if store == "gcs":
+        endpoint = urlsplit(request.getfixturevalue("gcs"))
+        catalog = gcs_catalog(stack, endpoint.geturl(), name)
+    else:
+        azurite = request.getfixturevalue("azurite")
+        endpoint = urlsplit(f"http://{azurite['adls.blob-storage-authority']}")
+        catalog = adls_catalog(stack, azurite, name)
+    return catalog, Outage(store, "down", endpoint.hostname or "127.0.0.1", endpoint.port or 80)
+
+
+@pytest.mark.parametrize("store", ["gcs", "azurite"])
+def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothing(
+    make_sink: Any, spark: Any, stack: Any, unique_name: Any, monkeypatch: Any, request: Any, store: str
 ) -> None:
-    """Tables on Google Cloud Storage (the stack's emulator), the emulator stopped as S3 is above: a
-    commit, its data files written, waits for the txnlog row the test holds, which is let go once GCS
-    is down. That commit can't land while GCS is down (shown: no commit in the outage), and lands after
-    (pyarrow's GCS client retries a request for up to 15 minutes; should the sink exit instead, only an
-    error naming GCS is restarted, as above). Nothing lost or doubled, by pyiceberg and Spark."""
+    """Tables on Google Cloud Storage or Azure Blob Storage (the stack's emulators), the emulator stopped
+    as S3 is above: a commit, its data files written, waits for the txnlog row the test holds, which is
+    let go once the store is down. That commit can't land while the store is down (shown: no commit in
+    the outage), and lands after: pyarrow's GCS client retries a request for up to 15 minutes, so the
+    commit waits; should the sink exit instead, only an error naming the store is restarted, as above.
+    Nothing lost or doubled, by pyiceberg and Spark."""
     monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
+    catalog, outage = _on_store(store, request, stack, unique_name(f"{store}out"))
     sink: Sink = make_sink(
-        catalog=gcs_catalog(stack, gcs, unique_name("gcsout")),
+        catalog=catalog,
         keys=150,
         table={"delete_format": "position"},
         commit={"trigger_interval": "500ms"},
+        maintenance={"orphans": {"enabled": False}},
     )
-    endpoint = urlsplit(gcs)
-    outage = Outage("gcs", "down", endpoint.hostname or "127.0.0.1", endpoint.port or 80)
     sink.produce(200)
     sup = Supervisor(sink)
     sup.wait_for_commits(1, timeout=400)
@@ -338,18 +352,22 @@ def test_a_gcs_outage_while_a_commit_writes_its_manifests_is_waited_out(
         with txnlog_row_held(sink) as sink_waits:
             sink.produce(20)
             h.wait_until(sink_waits, 120, "the sink's commit to wait for its txnlog row")
-            h.dev_stack("stop", "gcs")
+            h.dev_stack("stop", store)
         started = time.monotonic()
         time.sleep(OUTAGE_S)
         during = sup.commits()
         down = time.monotonic() - started
     finally:
-        h.dev_stack("start", "gcs")
-    assert during == before, f"{during - before} commit(s) landed while GCS was down: they did not need it"
+        h.dev_stack("start", store)
+    assert during == before, (
+        f"{during - before} commit(s) landed while {store} was down: they did not need it"
+    )
     sup.wait_for_commits(before + 1, timeout=900, outage=outage, mark=mark)
     how = f"exited {sup.exits} and was restarted" if sup.exits else "waited in-process"
-    h.FIGURES.outages.append(f"gcs down ({down:.0f}s: {how})")
-    print(f"gcs down {down:.0f}s: the commit {how}, landing {time.monotonic() - started - down:.0f}s after")
+    h.FIGURES.outages.append(f"{store} down ({down:.0f}s: {how})")
+    print(
+        f"{store} down {down:.0f}s: the commit {how}, landing {time.monotonic() - started - down:.0f}s after"
+    )
     sink.produce(100)
     h.wait_caught_up(sink, sup.run)
     h.stop_gracefully(sup.run)

@@ -93,6 +93,15 @@ def test_glue_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
     _lands_survives_a_kill_and_is_maintained(make_sink(catalog=catalog, **_SINK), spark)
 
 
+def test_nessie_rest_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, nessie: str
+) -> None:
+    """Another server behind the REST protocol: Nessie's Iceberg REST API (its own warehouse on S3, its
+    branch ``main`` the REST prefix it hands out in its config)."""
+    catalog = {"name": "nessie", "type": "rest", "uri": nessie, **_s3(stack)}
+    _lands_survives_a_kill_and_is_maintained(make_sink(catalog=catalog, **_SINK), spark)
+
+
 def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:
     """A SQL catalog on the stack's Postgres whose warehouse is on the GCS emulator: a bearer token from
     ``$ICESINK_TEST_GCS_TOKEN`` (any: the emulator checks none), with the expiry pyarrow requires."""
@@ -121,6 +130,20 @@ def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
 
+def adls_catalog(stack: Any, azurite: dict[str, str], name: str) -> dict[str, str]:
+    """A SQL catalog on the stack's Postgres whose warehouse is on Azurite, at the canonical abfs://
+    location; icesink's FileIO named for the test's pyiceberg reader (the sink's default already)."""
+    account = azurite["adls.account-name"]
+    return {
+        "name": name,
+        "type": "sql",
+        "uri": stack.pg_dsn,
+        "warehouse": f"abfs://warehouse@{account}.dfs.core.windows.net/{name}",
+        "py-io-impl": "service.model.object_store.ObjectStoreIO",
+        **azurite,
+    }
+
+
 def test_sql_catalog_with_adls_lands_survives_a_kill_and_is_maintained(
     make_sink: Any, spark: Any, stack: Any, azurite: dict[str, str], unique_name: Any
 ) -> None:
@@ -132,16 +155,7 @@ def test_sql_catalog_with_adls_lands_survives_a_kill_and_is_maintained(
     The maintainer's orphan task is off: Iceberg's ADLSFileIO lists a prefix with the Data Lake API
     (``listPaths`` on the dfs endpoint), which Azurite does not serve (HTTP 400). `icesink orphans`
     (pyarrow's Blob listing) runs instead, and must name every listed file as the table does."""
-    name = unique_name("adlscat")
-    account = azurite["adls.account-name"]
-    catalog = {
-        "name": name,
-        "type": "sql",
-        "uri": stack.pg_dsn,
-        "warehouse": f"abfs://warehouse@{account}.dfs.core.windows.net/{name}",
-        "py-io-impl": "service.model.object_store.ObjectStoreIO",  # icesink's default; for the test's reader
-        **azurite,
-    }
+    catalog = adls_catalog(stack, azurite, unique_name("adlscat"))
     sink = make_sink(catalog=catalog, maintenance={"orphans": {"enabled": False}}, **_SINK)
     _lands_survives_a_kill_and_is_maintained(sink, spark, duckdb=False)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]

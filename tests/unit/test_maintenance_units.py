@@ -391,3 +391,36 @@ def test_the_maintainer_rewrites_only_manifests_the_sink_s_merge_leaves_alone() 
     assert not merge.rewritable(deletes=True, length=small, live=False)
     off = ManifestMerge.of({"commit.manifest-merge.enabled": "false"})
     assert off.rewritable(deletes=False, length=small, live=True)
+
+
+def test_one_blob_under_any_of_its_names_is_one_file_for_the_orphan_search() -> None:
+    from service.maintenance.orphans import _normalise
+
+    names = [
+        "abfss://lake@acct.dfs.core.windows.net/wh/t/data/f.parquet",
+        "abfs://lake@acct.dfs.core.windows.net/wh/t/data/f.parquet",
+        "wasbs://lake@acct.blob.core.windows.net/wh/t/data/f.parquet",
+    ]
+    assert len({_normalise(n) for n in names}) == 1
+    assert _normalise("abfss://lake@other.dfs.core.windows.net/wh/t/data/f.parquet") != _normalise(names[0])
+    assert _normalise("gcs://b/t/f.parquet") == _normalise("gs://b/t/f.parquet")
+
+
+def test_an_adls_location_in_another_account_is_refused_not_read_in_the_configured_one() -> None:
+    from service.model.object_store import ObjectStoreIO
+
+    with pytest.raises(ValueError, match="not in the storage account acct"):
+        ObjectStoreIO.parse_location(
+            "abfss://lake@other.dfs.core.windows.net/f", {"adls.account-name": "acct"}
+        )
+
+
+def test_a_catalog_on_two_stores_gets_the_file_io_that_picks_by_scheme() -> None:
+    both = {
+        "type": "rest",
+        "uri": "http://rest:8181",
+        "s3.endpoint": "http://minio:9000",
+        "gcs.project-id": "p",
+    }
+    conf = catalog_conf(parse_config(with_(catalog=both), env={}), "lake")
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.io.ResolvingFileIO"
