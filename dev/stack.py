@@ -709,19 +709,21 @@ def nessie_start() -> subprocess.Popen[bytes]:
         f"-D{s3}.endpoint={CFG.s3_endpoint}/",
         f"-D{s3}.path-style-access=true",
         f"-D{s3}.region={CFG.region}",
-        f"-D{s3}.access-key=urn:nessie-secret:quarkus:nessie.catalog.secrets.access-key",
+        f"-D{s3}.access-key=urn:nessie-secret:quarkus:icesink.s3-keys",
         "-jar",
         str(NESSIE_JAR),
     ]
-    env = {
-        **os.environ,
-        "JAVA_HOME": str(java_home),
-        "NESSIE_CATALOG_SECRETS_ACCESS_KEY_NAME": CFG.s3_access_key,
-        "NESSIE_CATALOG_SECRETS_ACCESS_KEY_SECRET": CFG.s3_secret_key,
-    }
+    # The S3 keys in the application.properties Quarkus reads from ./config (not on the command line;
+    # its secrets lookup does not find them as environment variables).
     data = RUN / "nessie"
-    data.mkdir(parents=True, exist_ok=True)
-    return spawn(SERVICES["nessie"], argv, env=env, cwd=data)
+    (data / "config").mkdir(parents=True, exist_ok=True)
+    secrets = data / "config" / "application.properties"
+    secrets.touch(mode=0o600)
+    secrets.write_text(
+        f"icesink.s3-keys.name={CFG.s3_access_key}\n"
+        f"icesink.s3-keys.secret={CFG.s3_secret_key}\n"
+    )
+    return spawn(SERVICES["nessie"], argv, env={**os.environ, "JAVA_HOME": str(java_home)}, cwd=data)
 
 
 def nessie_health() -> str:

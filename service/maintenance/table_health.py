@@ -40,6 +40,9 @@ class TableHealth:
     # keeps the newest retain_last of them; a snapshot a tag also names stays too, counted here as
     # expirable: tags on a sink's table are rare). Not reported.
     snapshot_times: tuple[datetime, ...] = field(default=(), repr=False)
+    # The table's ``gc.enabled``: false where the catalog shares files between tables or branches (Nessie
+    # sets it on every table); then expiry and orphan removal are not icesink's to run.
+    gc_enabled: bool = True
 
     def expirable(self, older_than: timedelta, retain_last: int, now: datetime) -> int:
         """How many snapshots are older than ``older_than`` and not among the newest ``retain_last``."""
@@ -103,6 +106,7 @@ def table_health(table: Table, identifier: str) -> TableHealth:
         first_snapshot=_at(min(s.timestamp_ms for s in snapshots)) if snapshots else None,
         born=_born(table, snapshots),
         snapshot_times=tuple(sorted(_at(s.timestamp_ms) for s in _main_line(table))),
+        gc_enabled=str(table.properties.get("gc.enabled", "true")).lower() != "false",
     )
 
 

@@ -228,7 +228,7 @@ class ExpireSnapshots(Task):
 
     def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
         cfg = settings.expiry
-        if not cfg.enabled:
+        if not cfg.enabled or not health.gc_enabled:
             return None
         expirable = health.expirable(cfg.older_than, cfg.retain_last, now)
         if expirable == 0 or (not force and expirable < cfg.min_expirable):
@@ -418,7 +418,7 @@ class RemoveOrphans(Task):
 
     def due(self, health: TableHealth, settings: MaintenanceConfig, force: bool, now: datetime) -> str | None:
         cfg = settings.orphans
-        if not cfg.enabled:
+        if not cfg.enabled or not health.gc_enabled:
             return None
         if not force and health.born is not None and now - health.born < cfg.older_than:
             # The table's first snapshot is younger than the safety age: what its listing could

@@ -191,7 +191,8 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: 
 
     table = _catalog(sink).load_table(sink.table)
     files_before = len(table.inspect.files())
-    assert len(table.metadata.snapshots) >= 3, "several commits to compact"
+    # Files, not snapshots: Nessie's REST API hands out a table's current snapshot only.
+    assert files_before >= 3, f"several files to compact: {files_before}"
     done = sink.cli("maintain", "--once", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     (maintained,) = json.loads(done.stdout)["tables"]

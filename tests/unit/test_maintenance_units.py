@@ -424,3 +424,14 @@ def test_a_catalog_on_two_stores_gets_the_file_io_that_picks_by_scheme() -> None
     }
     conf = catalog_conf(parse_config(with_(catalog=both), env={}), "lake")
     assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.io.ResolvingFileIO"
+
+
+def test_a_table_with_gc_disabled_is_never_expired_nor_cleaned_of_orphans() -> None:
+    """``gc.enabled=false`` (Nessie sets it: files may be shared between branches): even ``--once``
+    leaves expiry and orphan removal alone, as Iceberg's own actions would refuse them."""
+    times = tuple(NOW - timedelta(days=30, minutes=-i) for i in range(150))  # beyond retain_last, all old
+    settings, old = MaintenanceConfig(), health(born=NOW - timedelta(days=30), snapshot_times=times)
+    kept = health(born=NOW - timedelta(days=30), snapshot_times=times, gc_enabled=False)
+    for task in (ExpireSnapshots(), RemoveOrphans()):
+        assert task.due(old, settings, True, NOW) is not None
+        assert task.due(kept, settings, True, NOW) is None
