@@ -720,8 +720,7 @@ def nessie_start() -> subprocess.Popen[bytes]:
     secrets = data / "config" / "application.properties"
     secrets.touch(mode=0o600)
     secrets.write_text(
-        f"icesink.s3-keys.name={CFG.s3_access_key}\n"
-        f"icesink.s3-keys.secret={CFG.s3_secret_key}\n"
+        f"icesink.s3-keys.name={CFG.s3_access_key}\nicesink.s3-keys.secret={CFG.s3_secret_key}\n"
     )
     return spawn(SERVICES["nessie"], argv, env={**os.environ, "JAVA_HOME": str(java_home)}, cwd=data)
 
