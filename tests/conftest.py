@@ -199,20 +199,34 @@ def trino(stack: Stack) -> str:
     return uri
 
 
+def _answering(server: str, what: str, address: str, probe: Callable[[], object]) -> None:
+    """Fail the test with the way out when the stack's ``server`` does not answer ``probe``."""
+    try:
+        probe()
+    except Exception as exc:
+        pytest.fail(
+            f"{what} at {address} does not answer ({exc}): `dev/stack up` (or `dev/stack start {server}`); "
+            f"log in .cache/run/logs/{server}.log",
+            pytrace=False,
+        )
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return bytes(resp.read())
+
+
 @pytest.fixture(scope="session")
 def glue(stack: Stack) -> str:
     """The stack's AWS Glue API (moto's server; its endpoint), for catalogs of type glue."""
     endpoint = load_stack_env(("ICESINK_GLUE_ENDPOINT",))["ICESINK_GLUE_ENDPOINT"].rstrip("/")
-    try:
+
+    def databases() -> object:
         import boto3
 
-        boto3.client("glue", endpoint_url=endpoint, region_name=stack.region).get_databases()
-    except Exception as exc:
-        pytest.fail(
-            f"the Glue API at {endpoint} does not answer ({exc}): `dev/stack up` (or `dev/stack start glue`); "
-            "log in .cache/run/logs/glue.log",
-            pytrace=False,
-        )
+        return boto3.client("glue", endpoint_url=endpoint, region_name=stack.region).get_databases()
+
+    _answering("glue", "the Glue API", endpoint, databases)
     return endpoint
 
 
@@ -220,15 +234,7 @@ def glue(stack: Stack) -> str:
 def gcs(stack: Stack) -> str:
     """The stack's Google Cloud Storage emulator (fake-gcs-server; its endpoint), its bucket ``warehouse``."""
     endpoint = load_stack_env(("ICESINK_GCS_ENDPOINT",))["ICESINK_GCS_ENDPOINT"].rstrip("/")
-    try:
-        with urllib.request.urlopen(f"{endpoint}/storage/v1/b/warehouse", timeout=10) as resp:
-            resp.read()
-    except Exception as exc:
-        pytest.fail(
-            f"the GCS emulator at {endpoint} does not answer ({exc}): `dev/stack up` (or `dev/stack start gcs`); "
-            "log in .cache/run/logs/gcs.log",
-            pytrace=False,
-        )
+    _answering("gcs", "the GCS emulator", endpoint, lambda: _get(f"{endpoint}/storage/v1/b/warehouse"))
     return endpoint
 
 
@@ -236,15 +242,7 @@ def gcs(stack: Stack) -> str:
 def nessie(stack: Stack) -> str:
     """The stack's Nessie server: its Iceberg REST API's URI (the warehouse on the S3 server)."""
     uri = load_stack_env(("ICESINK_NESSIE_URI",))["ICESINK_NESSIE_URI"].rstrip("/")
-    try:
-        with urllib.request.urlopen(f"{uri}/v1/config", timeout=10) as resp:
-            resp.read()
-    except Exception as exc:
-        pytest.fail(
-            f"Nessie at {uri} does not answer ({exc}): `dev/stack up` (or `dev/stack start nessie`); "
-            "log in .cache/run/logs/nessie.log",
-            pytrace=False,
-        )
+    _answering("nessie", "Nessie", uri, lambda: _get(f"{uri}/v1/config"))
     return uri
 
 
@@ -262,7 +260,8 @@ def azurite(stack: Stack) -> dict[str, str]:
         "adls.dfs-storage-authority": env["ICESINK_AZURITE_AUTHORITY"],
         "adls.dfs-storage-scheme": "http",
     }
-    try:
+
+    def container() -> object:
         from pyarrow.fs import AzureFileSystem, FileType
 
         fs = AzureFileSystem(
@@ -275,12 +274,9 @@ def azurite(stack: Stack) -> dict[str, str]:
         )
         if fs.get_file_info("warehouse").type is FileType.NotFound:
             fs.create_dir("warehouse")
-    except Exception as exc:
-        pytest.fail(
-            f"Azurite at {env['ICESINK_AZURITE_AUTHORITY']} does not answer ({exc}): `dev/stack up` (or "
-            "`dev/stack start azurite`); log in .cache/run/logs/azurite.log",
-            pytrace=False,
-        )
+        return None
+
+    _answering("azurite", "Azurite", env["ICESINK_AZURITE_AUTHORITY"], container)
     return props
 
 
