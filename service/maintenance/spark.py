@@ -126,6 +126,15 @@ def _adls(props: dict[str, Any]) -> dict[str, str]:
     return conf
 
 
+def _stores(props: dict[str, Any]) -> set[str]:
+    """The object stores the catalog's tables are on: those its properties configure (``s3.*``,
+    ``gcs.*``, ``adls.*``) and its warehouse's."""
+    scheme = urlsplit(str(props.get("warehouse", ""))).scheme
+    by_scheme = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gcs", **dict.fromkeys(AZURE_SCHEMES, "adls")}
+    stores = {store for store in ("s3", "gcs", "adls") if any(k.startswith(f"{store}.") for k in props)}
+    return stores | ({by_scheme[scheme]} if scheme in by_scheme else set())
+
+
 def spark_catalog_name(config: SinkConfig) -> str:
     """The catalog's name in the maintainer's Spark session: the sink's own for a SQL catalog, whose rows
     are keyed by it (:func:`_jdbc`); ``icesink`` otherwise."""
@@ -176,20 +185,17 @@ def catalog_conf(config: SinkConfig, name: str = CATALOG) -> dict[str, str]:
         conf[f"{prefix}.client.region"] = str(props["s3.region"])
     if "glue.region" in props:
         conf[f"{prefix}.client.region"] = str(props["glue.region"])
-    if any(k.startswith("s3.") for k in props) or str(props.get("warehouse", "")).startswith("s3"):
+    stores = _stores(props)
+    if "s3" in stores:
         conf[f"{prefix}.io-impl"] = "org.apache.iceberg.aws.s3.S3FileIO"
         # pyiceberg addresses a custom endpoint by path unless told otherwise; S3FileIO by host.
         virtual = str(props.get("s3.force-virtual-addressing", "false")).lower() == "true"
         if "s3.endpoint" in props:
             conf[f"{prefix}.s3.path-style-access"] = "false" if virtual else "true"
-    if any(k.startswith("gcs.") for k in props) or str(props.get("warehouse", "")).startswith("gs://"):
+    if "gcs" in stores:
         conf[f"{prefix}.io-impl"] = "org.apache.iceberg.gcp.gcs.GCSFileIO"
-    if (
-        any(k.startswith("adls.") for k in props)
-        or urlsplit(str(props.get("warehouse", ""))).scheme in AZURE_SCHEMES
-    ):
+    if "adls" in stores:
         conf.update({f"{prefix}.{k}": v for k, v in _adls(props).items()})
-    stores = [k for k in ("s3.", "gcs.", "adls.") if any(p.startswith(k) for p in props)]
     if len(stores) > 1:  # tables on more than one store: the FileIO each file's scheme needs
         conf[f"{prefix}.io-impl"] = "org.apache.iceberg.io.ResolvingFileIO"
     conf.update({f"{prefix}.{k}": v for k, v in given.items()})
