@@ -2,9 +2,11 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 PYTEST_ARGS ?=
-# Test files run in parallel on this many pytest-xdist workers (a file stays on one worker: its
-# fixtures and sinks are shared by its tests). A sink test waits on a JVM for half its time, so 2
-# workers on 2 cores take ~60% of the serial time. PYTEST_WORKERS=0 runs serially.
+# Tests run in parallel on this many pytest-xdist workers, the heaviest first (tests/scheduling.py
+# refines `--dist loadfile`: a file whose tests share a module fixture stays on one worker, other
+# tests go one by one, ordered by tests/durations.json). On 2 cores, 3 workers in that order took
+# 31:04 against 33:14 for 2 in loadfile's, for 17% more CPU (46 against 39 CPU-minutes): not worth
+# it on a busier machine. PYTEST_WORKERS=0 runs serially.
 PYTEST_WORKERS ?= 2
 BENCH_ARGS ?= --size small
 

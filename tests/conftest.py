@@ -34,6 +34,37 @@ if TYPE_CHECKING:
 
     from tests.cluster import SparkCluster
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="write each test's seconds to PATH as JSON (tests/durations.json orders the xdist workers' work)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.scheduling import DurationRecorder
+
+    if path := config.getoption("--record-durations"):
+        config.pluginmanager.register(DurationRecorder(Path(path)), "icesink-durations")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.scheduling import heaviest_first
+
+    if getattr(config, "workerinput", None) is not None:  # an xdist worker: the scheduler's order
+        heaviest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` refined: the heaviest units first (tests/scheduling.py)."""
+    from tests.scheduling import make_scheduler
+
+    return make_scheduler(config, log) if config.option.dist == "loadfile" else None
+
+
 STACK_VARS = (
     "ICESINK_KAFKA_BOOTSTRAP",
     "ICESINK_PG_DSN",
