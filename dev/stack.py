@@ -1500,7 +1500,7 @@ def trino_iceberg_catalog() -> dict[str, str]:
     }
 
 
-def trino_config(home: Path) -> dict[str, str]:
+def trino_config() -> dict[str, str]:
     return {
         "coordinator": "true",
         "node-scheduler.include-coordinator": "true",
@@ -1511,7 +1511,11 @@ def trino_config(home: Path) -> dict[str, str]:
         "node.bind-ip": HOST,
         "node.internal-address": HOST,
         "plugin.dir": str(TRINO_HOME / "plugin"),
-        "catalog.config-dir": str(home / "etc" / "catalog"),
+        # Tests add catalogs of other types (JDBC, Glue, Nessie) with CREATE CATALOG; their properties
+        # name secrets as ${ENV:...}, resolved from the server's environment like the static one's.
+        # The file store's folder is set in etc/catalog-store.properties (trino_start).
+        "catalog.management": "dynamic",
+        "catalog.store": "file",
         "http-server.log.enabled": "false",
         "log.enable-console": "true",  # to stdout, which is the stack's log file for the server
     }
@@ -1545,12 +1549,17 @@ def trino_start() -> subprocess.Popen[bytes]:
     catalogs = home / "etc" / "catalog"
     catalogs.mkdir(parents=True, exist_ok=True)
     config = home / "etc" / "config.properties"
-    config.write_text(properties(trino_config(home)))
+    config.write_text(properties(trino_config()))
+    for made in catalogs.glob("*.properties"):  # catalogs tests made with CREATE CATALOG: theirs to make
+        made.unlink()
     (catalogs / "iceberg.properties").write_text(properties(trino_iceberg_catalog()))
+    # Read from the working directory, as Trino's launcher lays it out.
+    (home / "etc" / "catalog-store.properties").write_text(properties({"catalog.config-dir": str(catalogs)}))
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
         "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
+        "ICESINK_PG_PASSWORD": CFG.pg_password,  # a JDBC catalog's, in CREATE CATALOG as ${ENV:...}
         "JAVA_HOME": str(trino_java_home()),
     }
     argv = [

@@ -18,8 +18,9 @@ from the environment (the variables of ``dev/stack env``; tests/conftest.py load
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +188,22 @@ def trino_query(sql: str, env: Mapping[str, str] | None = None) -> list[dict[str
         con.close()
 
 
+@contextlib.contextmanager
+def trino_catalog(
+    name: str, properties: Mapping[str, str], env: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """An Iceberg catalog added to the stack's Trino for the ``with`` block (``CREATE CATALOG``: its
+    ``catalog.management`` is dynamic), dropped after it; its name. Secrets belong in ``properties`` as
+    ``${ENV:NAME}``, resolved from Trino's own environment: Trino logs the statement whole."""
+    assert name.isidentifier(), name
+    options = ", ".join(f"{_quote([k], chr(34))} = {_quote([v], chr(39))}" for k, v in properties.items())
+    trino_query(f"CREATE CATALOG {name} USING iceberg WITH ({options})", env)
+    try:
+        yield name
+    finally:
+        trino_query(f"DROP CATALOG IF EXISTS {name}", env)
+
+
 def trino_table(identifier: str | tuple[str, ...], catalog: str = "iceberg") -> str:
     """`<namespace>.<table>` as a quoted Trino name in `catalog`."""
     return _quote([catalog, *_parts(identifier)], chr(34))
@@ -196,9 +213,10 @@ def trino_rows(
     identifier: str | tuple[str, ...],
     snapshot_id: int | None = None,
     env: Mapping[str, str] | None = None,
+    catalog: str = "iceberg",
 ) -> list[dict[str, Any]]:
     """Rows of `<namespace>.<table>` through Trino's Iceberg connector, at `snapshot_id` if given."""
-    sql = f"SELECT * FROM {trino_table(identifier)}"
+    sql = f"SELECT * FROM {trino_table(identifier, catalog)}"
     if snapshot_id is not None:
         sql += f" FOR VERSION AS OF {int(snapshot_id)}"
     return trino_query(sql, env)

@@ -383,5 +383,5 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
     sink.produce(100)
     h.wait_caught_up(sink, sup.run)
     h.stop_gracefully(sup.run)
-    problems = read_everywhere(spark, sink, duckdb=False)
+    problems = read_everywhere(spark, sink, on_s3=False)
     assert not problems, "\n".join(problems)

@@ -10,8 +10,9 @@ import json
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
-from readers import duckdb_connect
+from readers import duckdb_connect, trino_catalog, trino_rows
 from service.config import parse_config
 from service.maintenance.spark import CATALOG, catalog_conf, spark_catalog_name
 from tests.sink.conftest import Sink
@@ -34,16 +35,56 @@ def _spark_catalog(spark: Any, sink: Sink) -> str:
     return name
 
 
-def read_everywhere(spark: Any, sink: Sink, *, duckdb: bool = True) -> list[str]:
-    """The table read through pyiceberg's catalog, through Spark's catalog of the same type, and by
-    DuckDB from its current metadata (``duckdb``: it reaches S3, not GCS): what each reader found wrong."""
+def _trino_properties(sink: Sink) -> dict[str, str]:
+    """The sink's catalog as a Trino Iceberg catalog of the same type, its warehouse on the stack's S3;
+    the secrets as Trino's ``${ENV:...}`` (dev/stack gives Trino the S3 keys and Postgres's password)."""
+    catalog = sink.config["catalog"]
+    s3 = {
+        "fs.native-s3.enabled": "true",
+        "s3.endpoint": catalog["s3.endpoint"],
+        "s3.region": catalog["s3.region"],
+        "s3.path-style-access": "true",
+        "s3.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
+        "s3.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
+    }
+    if catalog["type"] == "rest":
+        return {"iceberg.catalog.type": "rest", "iceberg.rest-catalog.uri": catalog["uri"], **s3}
+    if catalog["type"] == "glue":
+        return {
+            "iceberg.catalog.type": "glue",
+            "hive.metastore.glue.region": catalog["glue.region"],
+            "hive.metastore.glue.endpoint-url": catalog["glue.endpoint"],
+            "hive.metastore.glue.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
+            "hive.metastore.glue.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
+            **s3,
+        }
+    url = urlsplit(catalog["uri"])  # postgresql+psycopg://user:password@host:port/db
+    assert catalog["type"] == "sql" and url.scheme.startswith("postgresql"), catalog
+    return {
+        "iceberg.catalog.type": "jdbc",
+        "iceberg.jdbc-catalog.catalog-name": catalog["name"],
+        "iceberg.jdbc-catalog.driver-class": "org.postgresql.Driver",
+        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}",
+        "iceberg.jdbc-catalog.connection-user": url.username or "",
+        "iceberg.jdbc-catalog.connection-password": "${ENV:ICESINK_PG_PASSWORD}",
+        "iceberg.jdbc-catalog.default-warehouse-dir": catalog["warehouse"],
+        **s3,
+    }
+
+
+def read_everywhere(spark: Any, sink: Sink, *, on_s3: bool = True) -> list[str]:
+    """The table read through pyiceberg's catalog, through Spark's catalog of the same type and, when it
+    is on S3 (``on_s3``: they reach S3 here, not GCS or ADLS), by DuckDB from its current metadata and
+    by Trino through its catalog of the same type: what each reader found wrong."""
     table = _catalog(sink).load_table(sink.table)
     expected = sink.source.expected_rows()
     problems = [diff(expected, table.scan().to_arrow().to_pylist(), "pyiceberg")]
     rows = spark.table(f"{_spark_catalog(spark, sink)}.{sink.table}").collect()
     problems.append(diff(expected, [r.asDict() for r in rows], "spark"))
-    if not duckdb:
+    if not on_s3:
         return [p for p in problems if p]
+    with trino_catalog(f"cat_{uuid.uuid4().hex[:8]}", _trino_properties(sink)) as trino:
+        problems.append(diff(expected, trino_rows(sink.table, catalog=trino), "trino"))
     con = duckdb_connect()
     try:
         cursor = con.execute(f"SELECT * FROM iceberg_scan('{table.metadata_location}')")
@@ -125,7 +166,7 @@ def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
     name = unique_name("gcscat")
     monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
     sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
-    _lands_survives_a_kill_and_is_maintained(sink, spark, duckdb=False)
+    _lands_survives_a_kill_and_is_maintained(sink, spark, on_s3=False)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
@@ -157,7 +198,7 @@ def test_sql_catalog_with_adls_lands_survives_a_kill_and_is_maintained(
     (pyarrow's Blob listing) runs instead, and must name every listed file as the table does."""
     catalog = adls_catalog(stack, azurite, unique_name("adlscat"))
     sink = make_sink(catalog=catalog, maintenance={"orphans": {"enabled": False}}, **_SINK)
-    _lands_survives_a_kill_and_is_maintained(sink, spark, duckdb=False)
+    _lands_survives_a_kill_and_is_maintained(sink, spark, on_s3=False)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(catalog["warehouse"] + "/") for f in files), files[:3]
     listing = sink.cli("orphans")
@@ -175,7 +216,7 @@ _SINK: dict[str, Any] = {
 }
 
 
-def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: bool = True) -> None:
+def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, on_s3: bool = True) -> None:
     """Exact after a SIGKILL mid-workload and the resume, by every reader; then exact again after
     `icesink maintain --once` compacted the table through Spark's catalog of the same type."""
     sink.produce(300)
@@ -186,7 +227,7 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: 
     last = sink.run_until_caught_up()
     if left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit: the next run finished that plan
         assert f"recovering sink {sink.name}: plan seq {left.seq} " in last.log(), last.log()[-4000:]
-    problems = read_everywhere(spark, sink, duckdb=duckdb)
+    problems = read_everywhere(spark, sink, on_s3=on_s3)
     assert not problems, "\n".join(problems)
 
     table = _catalog(sink).load_table(sink.table)
@@ -200,5 +241,5 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, duckdb: 
     assert "compact" in maintained["tasks"], maintained  # Spark's catalog reached the table
     files_after = len(_catalog(sink).load_table(sink.table).inspect.files())
     assert files_after < files_before, f"maintenance left {files_after} files of {files_before}"
-    problems = read_everywhere(spark, sink, duckdb=duckdb)
+    problems = read_everywhere(spark, sink, on_s3=on_s3)
     assert not problems, "after maintenance:\n" + "\n".join(problems)
