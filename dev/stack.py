@@ -511,6 +511,9 @@ def go_env() -> dict[str, str]:
     }
 
 
+GO_BUILDS: set[subprocess.Popen[bytes]] = set()  # the `go install` processes running now
+
+
 def go_install(name: str, module: str, version: str, binary: str, *, required: bool = False) -> bool:
     """Build one Go binary into CACHE/bin. A failure of an optional one (an S3 server with another to
     fall back on) is remembered so later installs do not retry it; a required one is tried each time."""
@@ -544,6 +547,7 @@ def go_install(name: str, module: str, version: str, binary: str, *, required: b
             cwd=CACHE,
             start_new_session=True,
         )
+        GO_BUILDS.add(proc)
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -551,6 +555,8 @@ def go_install(name: str, module: str, version: str, binary: str, *, required: b
             proc.wait()
             rc = -1
             out.write(f"\n[dev/stack] build killed after {timeout}s\n")
+        finally:
+            GO_BUILDS.discard(proc)
     if rc == 0 and target.exists():
         stamp.write_text(version + "\n")
         failed.unlink(missing_ok=True)
@@ -779,16 +785,21 @@ def cmd_install(_: argparse.Namespace) -> int:
     check_connect_matches_kafka()
     # The Go builds are CPU; everything else here waits on downloads. They run side by side (a cold
     # install did them one after the other: ~6 of its minutes were Go builds, ~5 downloads).
+    trino_java_home()  # Trino, the registry and Nessie need a JDK 24+: said before any build starts
     builds = GoBuilds()
     builds.start()
-    for module in MAVEN_MODULES:
-        maven_fetch(module)
-    converter_manifest()
-    build_rest_launcher()
-    trino_install()
-    registry_install()
-    azurite_install()
-    nessie_install()
+    try:
+        for module in MAVEN_MODULES:
+            maven_fetch(module)
+        converter_manifest()
+        build_rest_launcher()
+        trino_install()
+        registry_install()
+        azurite_install()
+        nessie_install()
+    except BaseException:
+        builds.cancel()
+        raise
     s3 = builds.result()
     (CACHE / "s3-server").write_text(s3 + "\n")
     log(f"install complete (S3 server: {s3}; cache {CACHE})")
@@ -797,8 +808,8 @@ def cmd_install(_: argparse.Namespace) -> int:
 
 class GoBuilds(threading.Thread):
     """The Go-built servers (the GCS emulator, then the S3 server), built in a thread of their own
-    while the install downloads the rest. A daemon: when a download fails the install stops at once
-    (a build left running finishes into the cache or is redone by the next install)."""
+    while the install downloads the rest. When a download fails the install stops at once: cancel()
+    kills the build in progress (its own process group), which the next install does again."""
 
     def __init__(self) -> None:
         super().__init__(name="go-builds", daemon=True)
@@ -814,6 +825,11 @@ class GoBuilds(threading.Thread):
             self.s3_server = install_s3_server()
         except BaseException as exc:  # handed to the main thread by result()
             self.error = exc
+
+    def cancel(self) -> None:
+        for proc in list(GO_BUILDS):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def result(self) -> str:
         """The S3 server built, once the builds are done; their failure raised here."""
@@ -836,6 +852,8 @@ class Service:
     health: Callable[[], str]  # returns a short description, raises when unhealthy
     stop_signal: int = signal.SIGTERM
     after_healthy: Callable[[], None] | None = None
+    # Why a running server must be restarted to take what its start now writes (None: it need not).
+    stale: Callable[[], str | None] | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -1573,6 +1591,15 @@ def trino_start() -> subprocess.Popen[bytes]:
     return spawn(SERVICES["trino"], argv, env=env, cwd=home)
 
 
+def trino_stale() -> str | None:
+    """A Trino started with another configuration than trino_start writes now (one started before its
+    catalogs became dynamic would refuse the catalog tests' CREATE CATALOG)."""
+    config = RUN / "trino" / "etc" / "config.properties"
+    if config.exists() and config.read_text() == properties(trino_config()):
+        return None
+    return f"its configuration changed ({config})"
+
+
 def trino_health() -> str:
     info = json.loads(http_get(CFG.trino_port, "/v1/info"))
     if info.get("starting", True):
@@ -1745,7 +1772,9 @@ SERVICES: dict[str, Service] = {
     "kafka": Service("kafka", CFG.kafka_port, "kafka.Kafka", kafka_start, kafka_health),
     "rest": Service("rest", CFG.rest_port, "LoopbackRESTCatalogServer", rest_start, rest_health),
     "connect": Service("connect", CFG.connect_port, "ConnectStandalone", connect_start, connect_health),
-    "trino": Service("trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health),
+    "trino": Service(
+        "trino", CFG.trino_port, "io.trino.server.TrinoServer", trino_start, trino_health, stale=trino_stale
+    ),
     "registry": Service("registry", CFG.registry_port, "quarkus-run.jar", registry_start, registry_health),
     "glue": Service("glue", CFG.glue_port, f"-p {CFG.glue_port}", glue_start, glue_health),
     "gcs": Service(
@@ -1784,7 +1813,11 @@ def _sync_s3_marker() -> None:
 
 def ensure_started(svc: Service) -> None:
     if svc.pid():
-        return
+        why = svc.stale() if svc.stale else None
+        if why is None:
+            return
+        log(f"restarting {svc.name}: {why}")
+        stop(svc)
     if port_open(svc.port):
         raise StackError(
             f"{svc.name}: port {HOST}:{svc.port} is taken by a process dev/stack did not start "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,13 +196,17 @@ def trino_catalog(
     """An Iceberg catalog added to the stack's Trino for the ``with`` block (``CREATE CATALOG``: its
     ``catalog.management`` is dynamic), dropped after it; its name. Secrets belong in ``properties`` as
     ``${ENV:NAME}``, resolved from Trino's own environment: Trino logs the statement whole."""
-    assert name.isidentifier(), name
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+        raise ValueError(f"a Trino catalog name of lower-case letters, digits and _: {name!r}")
     options = ", ".join(f"{_quote([k], chr(34))} = {_quote([v], chr(39))}" for k, v in properties.items())
     trino_query(f"CREATE CATALOG {name} USING iceberg WITH ({options})", env)
     try:
         yield name
-    finally:
-        trino_query(f"DROP CATALOG IF EXISTS {name}", env)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the block's own error is the one to see
+            trino_query(f"DROP CATALOG IF EXISTS {name}", env)
+        raise
+    trino_query(f"DROP CATALOG IF EXISTS {name}", env)
 
 
 def trino_table(identifier: str | tuple[str, ...], catalog: str = "iceberg") -> str:

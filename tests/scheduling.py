@@ -74,9 +74,24 @@ def costs(nodeids: Iterable[str]) -> dict[str, float]:
     return out
 
 
+def _check_units(items: list[pytest.Item]) -> None:
+    """Fail the run when a test uses a module/class/package fixture its file does not define (one from a
+    conftest or imported): :func:`unit_of`, reading the file, would split tests that share it."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        wide = sorted(n for n, d in defs.items() if d and d[-1].scope in ("module", "class", "package"))
+        if wide and unit_of(item.nodeid) != _file(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the {wide[0]!r} fixture of scope {defs[wide[0]][-1].scope} from "
+                "outside its file: tests/scheduling.py would hand its file's tests out one by one"
+            )
+
+
 def heaviest_first(items: list[pytest.Item]) -> None:
     """Sort ``items`` in place: units by their total cost, longest first; a unit's tests stay in their
     file's order. Every worker sorts its collection the same way (xdist checks they agree)."""
+    _check_units(items)
     cost = costs(item.nodeid for item in items)
     unit_cost: dict[str, float] = defaultdict(float)
     for item in items:
@@ -101,8 +116,10 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 class DurationRecorder:
-    """``--record-durations PATH``: each test's setup + call + teardown seconds, written as JSON at the
-    end of the run (on xdist's controller, which sees every worker's reports)."""
+    """``--record-durations PATH``: each test's setup + call + teardown seconds, merged into the JSON at
+    PATH at the end of the run (on xdist's controller, which sees every worker's reports); the tests
+    the run did not run keep their figures. The test that first asks a worker for a session fixture (its
+    reader Spark, the sink host) is charged that fixture's start-up too."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -114,5 +131,9 @@ class DurationRecorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if getattr(session.config, "workerinput", None) is not None:
             return  # a worker: the controller writes the file
-        rounded = {k: round(v, 1) for k, v in sorted(self.seconds.items())}
-        self.path.write_text(json.dumps(rounded, indent=0) + "\n")
+        try:
+            merged = {str(k): float(v) for k, v in json.loads(self.path.read_text()).items()}
+        except (OSError, ValueError):
+            merged = {}
+        merged.update({k: round(v, 1) for k, v in self.seconds.items()})
+        self.path.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")

@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from readers import duckdb_connect, trino_catalog, trino_rows
 from service.config import parse_config
@@ -59,13 +59,15 @@ def _trino_properties(sink: Sink) -> dict[str, str]:
             **s3,
         }
     url = urlsplit(catalog["uri"])  # postgresql+psycopg://user:password@host:port/db
-    assert catalog["type"] == "sql" and url.scheme.startswith("postgresql"), catalog
+    assert catalog["type"] == "sql" and url.scheme.startswith("postgresql"), (
+        f"no Trino mapping: {catalog['type']}"
+    )
     return {
         "iceberg.catalog.type": "jdbc",
         "iceberg.jdbc-catalog.catalog-name": catalog["name"],
         "iceberg.jdbc-catalog.driver-class": "org.postgresql.Driver",
-        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}",
-        "iceberg.jdbc-catalog.connection-user": url.username or "",
+        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{url.hostname}:{url.port or 5432}{url.path}",
+        "iceberg.jdbc-catalog.connection-user": unquote(url.username or ""),
         "iceberg.jdbc-catalog.connection-password": "${ENV:ICESINK_PG_PASSWORD}",
         "iceberg.jdbc-catalog.default-warehouse-dir": catalog["warehouse"],
         **s3,
@@ -107,7 +109,7 @@ def _s3(stack: Any) -> dict[str, str]:
 
 
 def test_sql_catalog_on_postgres_with_s3_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, unique_name: Any
+    make_sink: Any, spark: Any, stack: Any, unique_name: Any, trino: str
 ) -> None:
     name = unique_name("sqlcat")
     catalog = {
@@ -121,7 +123,7 @@ def test_sql_catalog_on_postgres_with_s3_lands_survives_a_kill_and_is_maintained
 
 
 def test_glue_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, glue: str, unique_name: Any
+    make_sink: Any, spark: Any, stack: Any, glue: str, unique_name: Any, trino: str
 ) -> None:
     catalog = {
         "name": "glue",
@@ -135,7 +137,7 @@ def test_glue_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
 
 
 def test_nessie_rest_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, nessie: str
+    make_sink: Any, spark: Any, stack: Any, nessie: str, trino: str
 ) -> None:
     """Another server behind the REST protocol: Nessie's Iceberg REST API (its own warehouse on S3, its
     branch ``main`` the REST prefix it hands out in its config)."""
