@@ -783,8 +783,7 @@ def cmd_install(_: argparse.Namespace) -> int:
     pg_bindir()
     CACHE.mkdir(parents=True, exist_ok=True)
     check_connect_matches_kafka()
-    # The Go builds are CPU; everything else here waits on downloads. They run side by side (a cold
-    # install did them one after the other: ~6 of its minutes were Go builds, ~5 downloads).
+    # The Go builds are CPU; everything else here waits on downloads: they run side by side.
     trino_java_home()  # Trino, the registry and Nessie need a JDK 24+: said before any build starts
     builds = GoBuilds()
     builds.start()

@@ -39,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--record-durations",
         metavar="PATH",
-        help="write each test's seconds to PATH as JSON (tests/durations.json orders the xdist workers' work)",
+        help="merge each test's seconds into the JSON at PATH (tests/durations.json orders the xdist workers' work)",
     )
 
 
