@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, glue, gcs, azurite, nessie, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, gcs, azurite, nessie, hive, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
     dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
@@ -21,6 +21,8 @@ and a Google Cloud Storage emulator (fake-gcs-server built with `go install`, it
 and an Azure Blob Storage / ADLS emulator (Azurite from the npm registry, its well-known dev account)
 and a second Iceberg REST server, Nessie's (its runner jar from Maven Central, in memory, its warehouse
 on the S3 server)
+and a Hive metastore (the standalone metastore 4.0.0 from Maven Central with Hadoop's client jars, its
+database on the dev Postgres, its tables' locations on the S3 server)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -34,7 +36,7 @@ Environment knobs (all optional):
   ICESINK_S3_PORT=19000  ICESINK_S3_CONSOLE_PORT=19001  ICESINK_REST_PORT=18181  ICESINK_CONNECT_PORT=18083
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
   ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088  ICESINK_AZURITE_PORT=18089
-  ICESINK_NESSIE_PORT=18095  ICESINK_NESSIE_MANAGEMENT_PORT=18096
+  ICESINK_NESSIE_PORT=18095  ICESINK_NESSIE_MANAGEMENT_PORT=18096  ICESINK_HIVE_PORT=18097
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -74,6 +76,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+from xml.sax.saxutils import escape
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = REPO / "dev"
@@ -126,6 +129,7 @@ class Config:
     nessie_management_port: int = field(
         default_factory=lambda: _env_int("ICESINK_NESSIE_MANAGEMENT_PORT", 18096)
     )
+    hive_port: int = field(default_factory=lambda: _env_int("ICESINK_HIVE_PORT", 18097))
     # Azurite's one account and key, the same in every Azurite (published with it: not a secret).
     azure_account: str = "devstoreaccount1"
     azure_key: str = (
@@ -393,6 +397,7 @@ MAVEN_MODULES: dict[str, Path] = {
     # A Kafka Connect plugin lives in a folder of its own under the worker's plugin.path.
     "debezium-postgres": CACHE / "connect" / "plugins" / "debezium-connector-postgres",
     "apicurio-converter": CACHE / "connect" / "plugins" / "apicurio-registry-converter",
+    "hive-hadoop": CACHE / "hive" / "hadoop-libs",
 }
 DEBEZIUM_POSTGRES = "io.debezium.connector.postgresql.PostgresConnector"
 
@@ -737,6 +742,170 @@ def nessie_health() -> str:
     return f"Nessie {NESSIE_VERSION}, warehouse {config.get('defaults', {}).get('warehouse')}"
 
 
+# ---- a Hive metastore: the standalone metastore's distribution from Maven Central, on the dev Postgres
+# (database hive_metastore), the tables' locations on the S3 server. 4.0.0, not 4.0.1: 4.0.1 dropped the
+# Thrift call get_table, which pyiceberg 0.12 and Spark's built-in Hive 2.3 client (Iceberg's HiveCatalog
+# in the maintainer) still make.
+
+HIVE_VERSION = "4.0.0"
+HIVE_HOME = CACHE / "hive" / f"metastore-{HIVE_VERSION}"
+HIVE_DB = "hive_metastore"
+HIVE_WAREHOUSE = "hive"  # the S3 bucket's folder a namespace without a location goes to
+HIVE_MAIN = "org.apache.hadoop.hive.metastore.HiveMetaStore"
+
+
+def hive_installed() -> bool:
+    return stamp_ok(HIVE_HOME / ".stamp", sha256_text(HIVE_VERSION)) and maven_fetched("hive-hadoop")
+
+
+def hive_install() -> Path:
+    """Unpack ``hive-standalone-metastore-server:<version>:tar.gz:bin``'s jars and its Postgres schema
+    scripts; the Hadoop jars it needs come from dev/maven/hive-hadoop (fetched with the other modules)."""
+    if stamp_ok(HIVE_HOME / ".stamp", sha256_text(HIVE_VERSION)):
+        return HIVE_HOME
+    coordinate = f"org.apache.hive:hive-standalone-metastore-server:{HIVE_VERSION}:tar.gz:bin"
+    log(f"fetching {coordinate} with Maven")
+    mvn(coordinate, f"{MAVEN_DEPENDENCY_PLUGIN}:get", f"-Dartifact={coordinate}", "-Dtransitive=false")
+    archive = (
+        CACHE / "m2" / "org" / "apache" / "hive" / "hive-standalone-metastore-server" / HIVE_VERSION
+    ) / f"hive-standalone-metastore-server-{HIVE_VERSION}-bin.tar.gz"
+    tmp = HIVE_HOME.with_name(HIVE_HOME.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"unpacking the Hive metastore {HIVE_VERSION} into {HIVE_HOME}")
+    keep = ("lib/", "scripts/metastore/upgrade/postgres/")
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            name = member.name.partition("/")[2]  # under apache-hive-metastore-<version>-bin/
+            if member.isfile() and name.startswith(keep):
+                _unpack(name, tar.extractfile(member), tmp)
+    shutil.rmtree(HIVE_HOME, ignore_errors=True)
+    tmp.rename(HIVE_HOME)
+    (HIVE_HOME / ".stamp").write_text(sha256_text(HIVE_VERSION) + "\n")
+    return HIVE_HOME
+
+
+def _hive_site() -> Path:
+    """The metastore's configuration, in a file only this user reads (Postgres's password is in it);
+    the S3 keys reach S3A through the environment, as the other servers' do."""
+    conf = RUN / "hive" / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    values = {
+        "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://{HOST}:{CFG.pg_port}/{HIVE_DB}",
+        "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
+        "javax.jdo.option.ConnectionUserName": CFG.pg_user,
+        "javax.jdo.option.ConnectionPassword": CFG.pg_password,
+        "metastore.thrift.bind.host": HOST,
+        "metastore.thrift.port": str(CFG.hive_port),
+        # s3:// (what pyiceberg and Iceberg write) through S3A. Iceberg's tables are external tables of
+        # Hive's, which must lie outside its managed tables' root.
+        "metastore.warehouse.dir": f"s3://{CFG.bucket}/{HIVE_WAREHOUSE}-managed",
+        "metastore.warehouse.external.dir": f"s3://{CFG.bucket}/{HIVE_WAREHOUSE}",
+        "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "fs.s3a.endpoint": CFG.s3_endpoint,
+        "fs.s3a.endpoint.region": CFG.region,
+        "fs.s3a.path.style.access": "true",
+        "metastore.compactor.initiator.on": "false",  # Hive ACID's compactions: none here
+        # A commit takes the table's lock in the metastore; a committer killed holding it leaves it until
+        # the housekeeper times it out (Hive's default: 300 s without a heartbeat, checked every 60 s; the
+        # housekeeper is off unless asked for). The tests' kills need it sooner.
+        "metastore.housekeeping.threads.on": "true",
+        "metastore.txn.timeout": "20s",
+        "metastore.acid.housekeeper.interval": "5s",
+    }
+    site = conf / "metastore-site.xml"
+    site.touch(mode=0o600)
+    site.write_text(
+        "<configuration>\n"
+        + "".join(
+            f"  <property><name>{k}</name><value>{escape(v)}</value></property>\n" for k, v in values.items()
+        )
+        + "</configuration>\n"
+    )
+    return conf
+
+
+def _hive_classpath(conf: Path) -> str:
+    # The metastore's own jars before Hadoop's (the order its launcher uses: HADOOP_USER_CLASSPATH_FIRST).
+    return os.pathsep.join([str(conf), str(HIVE_HOME / "lib" / "*"), str(MAVEN_MODULES["hive-hadoop"] / "*")])
+
+
+def hive_start() -> subprocess.Popen[bytes]:
+    """Creates its database and schema (Hive's schematool) the first time, then starts the metastore."""
+    if not hive_installed():
+        raise StackError("the Hive metastore is not installed: run dev/stack install")
+    conf = _hive_site()
+    java = str(java_home() / "bin" / "java")
+    env = {
+        **os.environ,
+        "METASTORE_HOME": str(HIVE_HOME),  # where schematool finds its scripts
+        "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
+        "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
+    }
+    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{HIVE_DB}'") != "1":
+        psql(f'CREATE DATABASE "{HIVE_DB}"')
+    if psql("SELECT to_regclass('public.\"VERSION\"') IS NOT NULL", db=HIVE_DB) != "t":
+        log(f"creating the Hive metastore's schema in database {HIVE_DB} (schematool)")
+        with SERVICES["hive"].log.open("ab") as out:
+            res = subprocess.run(
+                [
+                    java,
+                    "-cp",
+                    _hive_classpath(conf),
+                    "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool",
+                    "-initSchema",
+                    "-dbType",
+                    "postgres",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=HIVE_HOME,
+            )
+        if res.returncode != 0:
+            raise StackError(f"Hive's schematool failed (exit {res.returncode}): see {SERVICES['hive'].log}")
+    argv = [java, "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-cp", _hive_classpath(conf), HIVE_MAIN]
+    return spawn(SERVICES["hive"], argv, env=env, cwd=RUN / "hive")
+
+
+def _thrift_call(port: int, method: str) -> list[str]:
+    """Call ``method`` (no arguments, a list of strings back) in Thrift's binary protocol, as the
+    metastore speaks it (strict, unframed): a health probe that needs no Thrift library."""
+    name = method.encode()
+    request = struct.pack(">Ii", 0x80010001, len(name)) + name + struct.pack(">i", 1) + b"\x00"
+    with socket.create_connection((HOST, port), timeout=5) as sock:
+        sock.sendall(request)
+        stream = sock.makefile("rb")
+
+        def read(fmt: str) -> tuple[int, ...]:
+            size = struct.calcsize(fmt)
+            data = stream.read(size)
+            if len(data) != size:
+                raise StackError(f"{method}: the connection closed mid-answer")
+            return struct.unpack(fmt, data)
+
+        def string() -> str:
+            (length,) = read(">i")
+            return bytes(stream.read(length)).decode()
+
+        (version,) = read(">I")
+        string()  # the method's name
+        read(">i")  # the sequence id
+        if version & 0xFF != 2:  # not a reply: an exception
+            raise StackError(f"{method}: the metastore answered with an exception")
+        (field_type,) = read(">b")
+        read(">h")
+        if field_type != 15:  # the success field: a list
+            raise StackError(f"{method}: no result (field type {field_type})")
+        _, count = read(">bi")
+        return [string() for _ in range(count)]
+
+
+def hive_health() -> str:
+    databases = _thrift_call(CFG.hive_port, "get_all_databases")
+    return f"Hive metastore {HIVE_VERSION}, {len(databases)} database(s)"
+
+
 # ---- the schema registry: Apicurio Registry's Quarkus app from Maven Central (Java 21+: Temurin 25)
 
 REGISTRY_VERSION = "3.3.3"
@@ -796,6 +965,7 @@ def cmd_install(_: argparse.Namespace) -> int:
         registry_install()
         azurite_install()
         nessie_install()
+        hive_install()
     except BaseException:
         builds.cancel()
         raise
@@ -1781,6 +1951,7 @@ SERVICES: dict[str, Service] = {
     ),
     "azurite": Service("azurite", CFG.azurite_port, "azurite-blob", azurite_start, azurite_health),
     "nessie": Service("nessie", CFG.nessie_port, "nessie-quarkus", nessie_start, nessie_health),
+    "hive": Service("hive", CFG.hive_port, HIVE_MAIN, hive_start, hive_health),
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -1855,6 +2026,7 @@ def installed() -> bool:
         and gcs_installed()
         and azurite_installed()
         and nessie_installed()
+        and hive_installed()
         and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
@@ -1888,7 +2060,18 @@ def cmd_up(_: argparse.Namespace) -> int:
     # Then the servers that need those: the REST catalog (Postgres, S3), Kafka Connect (Kafka) and Trino
     # (its catalog is the REST catalog; it connects to it at the first query, so it starts alongside), and
     # Spark's workers (the master).
-    later = ["rest", "connect", "trino", "registry", "glue", "gcs", "azurite", "nessie", *SPARK_WORKER_NAMES]
+    later = [
+        "rest",
+        "connect",
+        "trino",
+        "registry",
+        "glue",
+        "gcs",
+        "azurite",
+        "nessie",
+        "hive",
+        *SPARK_WORKER_NAMES,
+    ]
     for name in later:
         try:
             ensure_started(SERVICES[name])
@@ -1956,6 +2139,7 @@ def cmd_down(_: argparse.Namespace) -> int:
     first = (
         *SPARK_WORKER_NAMES,
         "spark-master",
+        "hive",
         "nessie",
         "azurite",
         "gcs",
@@ -2018,6 +2202,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_GCS_ENDPOINT": CFG.gcs_endpoint,
         "ICESINK_AZURITE_AUTHORITY": f"{HOST}:{CFG.azurite_port}",
         "ICESINK_NESSIE_URI": f"http://{HOST}:{CFG.nessie_port}/iceberg",
+        "ICESINK_HIVE_URI": f"thrift://{HOST}:{CFG.hive_port}",
         "ICESINK_AZURE_ACCOUNT": CFG.azure_account,
         "ICESINK_AZURE_ACCOUNT_KEY": CFG.azure_key,
         "ICESINK_SPARK_MASTER": CFG.spark_master,

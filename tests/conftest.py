@@ -278,6 +278,21 @@ def nessie(stack: Stack) -> str:
 
 
 @pytest.fixture(scope="session")
+def hive(stack: Stack) -> str:
+    """The stack's Hive metastore: its Thrift URI (its database on the stack's Postgres, a namespace's
+    default location under ``s3://warehouse/hive``)."""
+    uri = load_stack_env(("ICESINK_HIVE_URI",))["ICESINK_HIVE_URI"]
+
+    def databases() -> object:
+        from pyiceberg.catalog.hive import HiveCatalog
+
+        return HiveCatalog("probe", uri=uri).list_namespaces()
+
+    _answering("hive", "the Hive metastore", uri, databases)
+    return uri
+
+
+@pytest.fixture(scope="session")
 def azurite(stack: Stack) -> dict[str, str]:
     """The stack's Azure Blob Storage emulator (Azurite) as pyiceberg's ADLS properties, its container
     ``warehouse`` made; the account key named as an environment variable (``${ICESINK_AZURE_ACCOUNT_KEY}``)."""

@@ -35,7 +35,7 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from service.config import Mode, SinkConfig, TableConfig
+from service.config import ConfigError, Mode, SinkConfig, TableConfig
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.model.object_store import with_object_store_io
@@ -77,7 +77,39 @@ _TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([\w.]+)\s*\)\s*$
 
 
 def open_catalog(config: SinkConfig) -> Catalog:
-    return load_catalog(config.catalog_name, **with_object_store_io(config.catalog_properties))
+    catalog = load_catalog(config.catalog_name, **with_object_store_io(config.catalog_properties))
+    check_metastore_calls(catalog)
+    return catalog
+
+
+def check_metastore_calls(catalog: Catalog) -> None:
+    """Refuse a Hive metastore that no longer serves ``get_table``, before anything is written.
+
+    Hive 4.0.1 dropped the call from its Thrift API; pyiceberg's HiveCatalog (the sink's) reads every
+    table through it, and so does the Hive client Iceberg's HiveCatalog uses in Spark (the maintainer's).
+    Against such a metastore a namespace could be created and every table load would then fail: one call
+    for a table nobody has tells the two apart (an unknown table is the answer that passes).
+    """
+    from pyiceberg.catalog.hive import HiveCatalog
+
+    if not isinstance(catalog, HiveCatalog):
+        return
+    from hive_metastore.ttypes import NoSuchObjectException
+    from thrift.Thrift import TApplicationException
+
+    try:
+        with catalog._client as client:
+            client.get_table(dbname="icesink_probe", tbl_name="icesink_probe")
+    except NoSuchObjectException:
+        return
+    except TApplicationException as exc:
+        if exc.type != TApplicationException.UNKNOWN_METHOD:
+            raise
+        raise ConfigError(
+            f"catalog {catalog.name}: the Hive metastore at {catalog.properties.get('uri')} does not serve "
+            "get_table (Hive 4.0.1 and later dropped it; pyiceberg's HiveCatalog and Spark's Hive client "
+            "call it): use a metastore of Hive 4.0.0 or earlier"
+        ) from None
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:

@@ -49,6 +49,8 @@ def _trino_properties(sink: Sink) -> dict[str, str]:
     }
     if catalog["type"] == "rest":
         return {"iceberg.catalog.type": "rest", "iceberg.rest-catalog.uri": catalog["uri"], **s3}
+    if catalog["type"] == "hive":
+        return {"iceberg.catalog.type": "hive_metastore", "hive.metastore.uri": catalog["uri"], **s3}
     if catalog["type"] == "glue":
         return {
             "iceberg.catalog.type": "glue",
@@ -143,6 +145,19 @@ def test_nessie_rest_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
     branch ``main`` the REST prefix it hands out in its config)."""
     catalog = {"name": "nessie", "type": "rest", "uri": nessie, **_s3(stack)}
     _lands_survives_a_kill_and_is_maintained(make_sink(catalog=catalog, **_SINK), spark)
+
+
+def test_hive_metastore_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, hive: str, trino: str
+) -> None:
+    """A Hive metastore (4.0.0, its database on Postgres): pyiceberg's HiveCatalog for the sink, Iceberg's
+    HiveCatalog through Spark's Hive client for the maintainer, each commit under the metastore's lock.
+    The tables are where the metastore puts a new namespace, on the S3 server."""
+    catalog = {"name": "hive", "type": "hive", "uri": hive, **_s3(stack)}
+    sink = make_sink(catalog=catalog, **_SINK)
+    _lands_survives_a_kill_and_is_maintained(sink, spark)
+    location = _catalog(sink).load_table(sink.table).location()
+    assert location.startswith("s3://warehouse/hive/"), location
 
 
 def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:

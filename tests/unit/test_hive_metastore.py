@@ -1,0 +1,60 @@
+"""A Hive metastore that no longer serves ``get_table`` (Hive 4.0.1+) is refused when the catalog opens.
+
+The metastore's Thrift client is faked here; against the stack's real metastore (4.0.0) the check
+passes in every Hive test of tests/sink/test_catalogs.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hive_metastore.ttypes import NoSuchObjectException
+from pyiceberg.catalog.hive import HiveCatalog
+from thrift.Thrift import TApplicationException
+
+from service.config import ConfigError
+from service.iceberg.tables import check_metastore_calls
+
+
+class _Client:
+    def __init__(self, answer: Exception) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, str]] = []
+
+    def __enter__(self) -> _Client:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+    def get_table(self, dbname: str, tbl_name: str) -> None:
+        self.calls.append((dbname, tbl_name))
+        raise self.answer
+
+
+def _catalog(answer: Exception) -> tuple[HiveCatalog, _Client]:
+    catalog = HiveCatalog("hms", uri="thrift://metastore:9083")
+    client = _Client(answer)
+    catalog._client = client  # type: ignore[assignment]
+    return catalog, client
+
+
+def test_a_metastore_without_get_table_is_refused_with_the_reason() -> None:
+    catalog, client = _catalog(
+        TApplicationException(TApplicationException.UNKNOWN_METHOD, "Invalid method name: 'get_table'")
+    )
+    with pytest.raises(ConfigError, match=r"thrift://metastore:9083 does not serve get_table .*Hive 4\.0\.0"):
+        check_metastore_calls(catalog)
+    assert client.calls, "the metastore was asked"
+
+
+def test_a_metastore_that_knows_no_such_table_passes() -> None:
+    catalog, client = _catalog(NoSuchObjectException(message="icesink_probe.icesink_probe table not found"))
+    check_metastore_calls(catalog)
+    assert client.calls == [("icesink_probe", "icesink_probe")]
+
+
+def test_another_metastore_failure_is_not_taken_for_a_missing_call() -> None:
+    catalog, _ = _catalog(TApplicationException(TApplicationException.INTERNAL_ERROR, "boom"))
+    with pytest.raises(TApplicationException):
+        check_metastore_calls(catalog)
