@@ -608,7 +608,14 @@ _FILE_SYSTEM = (
     "atomically, so two writers can both win; pyiceberg has none either; use sql (on Postgres) for a "
     "catalog without a server, or rest"
 )
+# Checked by tests/unit/test_config.py against the installed pyiceberg: drop one when that test fails.
+_CANT_COMMIT = (
+    "pyiceberg's {} catalog can't commit to a table (its commit_table is not implemented), so the sink's "
+    "first commit would fail; use glue, sql (on Postgres) or rest"
+)
 _REFUSED_CATALOGS = {
+    "dynamodb": _CANT_COMMIT.format("DynamoDB"),
+    "bigquery": _CANT_COMMIT.format("BigQuery metastore"),
     "in-memory": _IN_MEMORY,
     "memory": _IN_MEMORY,
     "hadoop": _FILE_SYSTEM,

@@ -625,10 +625,11 @@ def test_a_template_sink_needs_no_key(rendered: dict[str, list[dict[str, Any]]],
         (
             "a catalog Spark's Iceberg catalogs don't know, undescribed",
             {
-                "config": {"catalog": {"type": "dynamodb", "dynamodb.region": "eu-west-1"}},
+                # a catalog class of one's own, as pyiceberg loads it (py-catalog-impl)
+                "config": {"catalog": {"type": "acme", "py-catalog-impl": "acme.iceberg.AcmeCatalog"}},
                 "maintenance": {"enabled": True},
             },
-            "maintenance: the catalog type dynamodb has no Spark equivalent icesink knows",
+            "maintenance: the catalog type acme has no Spark equivalent icesink knows",
         ),
     ],
 )
