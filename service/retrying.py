@@ -14,8 +14,9 @@ The catalog's answers are sorted here, once, by :func:`catalog_answer`:
   for the snapshot, build it again on the new metadata.
 * ``rate_limited``: 429. Nothing was done; wait (at least the ``Retry-After`` the catalog asked for,
   up to the backoff's maximum) and try again.
-* ``unknown_outcome``: a 5xx, a dropped connection or a timeout. A commit may have landed: the commit
-  loop looks for it before trying again; any other call is simply run again.
+* ``unknown_outcome``: a 5xx, a dropped connection or a timeout (a REST catalog's HTTP, a Hive
+  metastore's Thrift transport, Glue's AWS client). A commit may have landed: the commit loop looks for
+  it before trying again; any other call is simply run again.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from enum import StrEnum
 from typing import TypeVar
 
 import requests
+from botocore.exceptions import ConnectionError as AwsConnectionError
+from botocore.exceptions import ReadTimeoutError as AwsReadTimeoutError
 from pyiceberg.exceptions import (
     BadRequestError,
     CommitFailedException,
@@ -44,6 +47,7 @@ from tenacity import (
     wait_exponential,
     wait_random,
 )
+from thrift.transport.TTransport import TTransportException
 
 T = TypeVar("T")
 
@@ -67,6 +71,9 @@ _UNAVAILABLE = (
     requests.exceptions.ConnectionError,
     requests.exceptions.Timeout,
     requests.exceptions.ChunkedEncodingError,
+    TTransportException,  # a Hive metastore unreachable, or its connection dropped mid-call
+    AwsConnectionError,  # Glue: no connection, or it broke
+    AwsReadTimeoutError,
 )
 
 
