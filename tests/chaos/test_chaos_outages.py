@@ -14,6 +14,10 @@ commit, its files written, waits for the txnlog row the test holds (production p
 then writes its manifests to an object store that is gone. (A batch would first load the table from
 the catalog, which retries its own S3 reads for longer than the outage: the sink would only wait.)
 
+The GCS and Azure emulators (tables on those stores) and the Hive metastore (a catalog of its type)
+each go away the same way, one test each: a commit waits for the txnlog row, the server stops, the row
+is let go.
+
 Records that can't be decoded are produced while the catalog is down: the batch fails as a whole
 and is retried, and only those records — each exactly once — reach the dead-letter topic.
 At the end the table equals the model through both readers.
@@ -41,7 +45,7 @@ from sqlalchemy.engine import make_url
 from service.sample import envelope_schema
 from tests.chaos import harness as h
 from tests.sink.conftest import Sink, SinkRun
-from tests.sink.test_catalogs import adls_catalog, gcs_catalog, read_everywhere
+from tests.sink.test_catalogs import _s3, adls_catalog, gcs_catalog, read_everywhere
 from txnlog.dsn import parse_dsn
 from txnlog.schema import tables
 
@@ -355,6 +359,37 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
         commit={"trigger_interval": "500ms"},
         maintenance={"orphans": {"enabled": False}},
     )
+    _a_commit_outlives_an_outage(sink, outage)
+    problems = read_everywhere(spark, sink, on_s3=False)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_hive_metastore_outage_while_a_commit_waits_loses_nothing(
+    make_sink: Any, spark: Any, stack: Any, hive: str, trino: str
+) -> None:
+    """A Hive metastore catalog, the metastore stopped while a commit, its files written, waits for the
+    txnlog row the test holds (let go once the metastore is down): the commit's Thrift calls fail (the
+    sink's log names the metastore's address), no commit lands in the outage, and the commit lands
+    after, in-process or after a restart of an exit naming the metastore. Exact by every reader."""
+    uri = urlsplit(hive)
+    outage = Outage("hive", "down", uri.hostname or "127.0.0.1", uri.port or 9083)
+    sink: Sink = make_sink(
+        catalog={"name": "hive", "type": "hive", "uri": hive, **_s3(stack)},
+        keys=150,
+        table={"delete_format": "position"},
+        commit={"trigger_interval": "500ms"},
+    )
+    mark = _a_commit_outlives_an_outage(sink, outage)
+    assert outage.failures(mark), f"no failed call naming the metastore in the sink's log:\n{mark[-5000:]}"
+    problems = read_everywhere(spark, sink)
+    assert not problems, "\n".join(problems)
+
+
+def _a_commit_outlives_an_outage(sink: Sink, outage: Outage) -> str:
+    """Run the sink under a :class:`Supervisor`, stop ``outage``'s server while a commit waits for the
+    txnlog row (held by the test, let go once the server is down), start it again after
+    ``OUTAGE_S``: no commit lands meanwhile, one lands after, and the sink catches up. What the sink
+    logged from the outage on."""
     sink.produce(200)
     sup = Supervisor(sink)
     sup.wait_for_commits(1, timeout=400)
@@ -364,24 +399,24 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
         with txnlog_row_held(sink) as sink_waits:
             sink.produce(20)
             h.wait_until(sink_waits, 120, "the sink's commit to wait for its txnlog row")
-            h.dev_stack("stop", store)
+            h.dev_stack("stop", outage.server)
         started = time.monotonic()
         time.sleep(OUTAGE_S)
         during = sup.commits()
         down = time.monotonic() - started
     finally:
-        h.dev_stack("start", store)
+        h.dev_stack("start", outage.server)
     assert during == before, (
-        f"{during - before} commit(s) landed while {store} was down: they did not need it"
+        f"{during - before} commit(s) landed while {outage.server} was down: they did not need it"
     )
     sup.wait_for_commits(before + 1, timeout=900, outage=outage, mark=mark)
     how = f"exited {sup.exits} and was restarted" if sup.exits else "waited in-process"
-    h.FIGURES.outages.append(f"{store} down ({down:.0f}s: {how})")
+    h.FIGURES.outages.append(f"{outage.server} down ({down:.0f}s: {how})")
     print(
-        f"{store} down {down:.0f}s: the commit {how}, landing {time.monotonic() - started - down:.0f}s after"
+        f"{outage.server} down {down:.0f}s: the commit {how}, "
+        f"landing {time.monotonic() - started - down:.0f}s after"
     )
     sink.produce(100)
     h.wait_caught_up(sink, sup.run)
     h.stop_gracefully(sup.run)
-    problems = read_everywhere(spark, sink, on_s3=False)
-    assert not problems, "\n".join(problems)
+    return sup.log_since(mark)
