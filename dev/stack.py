@@ -841,9 +841,10 @@ def hive_start() -> subprocess.Popen[bytes]:
         "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
         "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
     }
-    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{HIVE_DB}'") != "1":
+    if not _hive_schema_ready():
+        # A schema without its version row is a schematool run cut short: start it again from nothing.
+        psql(f'DROP DATABASE IF EXISTS "{HIVE_DB}"')
         psql(f'CREATE DATABASE "{HIVE_DB}"')
-    if psql("SELECT to_regclass('public.\"VERSION\"') IS NOT NULL", db=HIVE_DB) != "t":
         log(f"creating the Hive metastore's schema in database {HIVE_DB} (schematool)")
         with SERVICES["hive"].log.open("ab") as out:
             res = subprocess.run(
@@ -862,10 +863,20 @@ def hive_start() -> subprocess.Popen[bytes]:
                 env=env,
                 cwd=HIVE_HOME,
             )
-        if res.returncode != 0:
+        if res.returncode != 0 or not _hive_schema_ready():
             raise StackError(f"Hive's schematool failed (exit {res.returncode}): see {SERVICES['hive'].log}")
     argv = [java, "-Xms64m", "-Xmx384m", "-XX:+UseSerialGC", "-cp", _hive_classpath(conf), HIVE_MAIN]
     return spawn(SERVICES["hive"], argv, env=env, cwd=RUN / "hive")
+
+
+def _hive_schema_ready() -> bool:
+    """The metastore's schema is whole: its database exists and holds the version row schematool
+    writes last."""
+    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{HIVE_DB}'") != "1":
+        return False
+    if psql("SELECT to_regclass('public.\"VERSION\"') IS NOT NULL", db=HIVE_DB) != "t":
+        return False
+    return psql('SELECT count(*) FROM "VERSION"', db=HIVE_DB) == "1"
 
 
 def _thrift_call(port: int, method: str) -> list[str]:
@@ -873,20 +884,21 @@ def _thrift_call(port: int, method: str) -> list[str]:
     metastore speaks it (strict, unframed): a health probe that needs no Thrift library."""
     name = method.encode()
     request = struct.pack(">Ii", 0x80010001, len(name)) + name + struct.pack(">i", 1) + b"\x00"
-    with socket.create_connection((HOST, port), timeout=5) as sock:
+    with socket.create_connection((HOST, port), timeout=5) as sock, sock.makefile("rb") as stream:
         sock.sendall(request)
-        stream = sock.makefile("rb")
 
-        def read(fmt: str) -> tuple[int, ...]:
-            size = struct.calcsize(fmt)
-            data = stream.read(size)
+        def take(size: int) -> bytes:
+            data = bytes(stream.read(size))
             if len(data) != size:
                 raise StackError(f"{method}: the connection closed mid-answer")
-            return struct.unpack(fmt, data)
+            return data
+
+        def read(fmt: str) -> tuple[int, ...]:
+            return struct.unpack(fmt, take(struct.calcsize(fmt)))
 
         def string() -> str:
             (length,) = read(">i")
-            return bytes(stream.read(length)).decode()
+            return take(length).decode()
 
         (version,) = read(">I")
         string()  # the method's name
@@ -894,9 +906,9 @@ def _thrift_call(port: int, method: str) -> list[str]:
         if version & 0xFF != 2:  # not a reply: an exception
             raise StackError(f"{method}: the metastore answered with an exception")
         (field_type,) = read(">b")
-        read(">h")
-        if field_type != 15:  # the success field: a list
+        if field_type != 15:  # the success field: a list (0 would be the struct's end: no result)
             raise StackError(f"{method}: no result (field type {field_type})")
+        read(">h")
         _, count = read(">bi")
         return [string() for _ in range(count)]
 

@@ -82,6 +82,9 @@ def open_catalog(config: SinkConfig) -> Catalog:
     return catalog
 
 
+_METASTORES_CHECKED: set[str] = set()
+
+
 def check_metastore_calls(catalog: Catalog) -> None:
     """Refuse a Hive metastore that no longer serves ``get_table``, before anything is written.
 
@@ -92,7 +95,8 @@ def check_metastore_calls(catalog: Catalog) -> None:
     """
     from pyiceberg.catalog.hive import HiveCatalog
 
-    if not isinstance(catalog, HiveCatalog):
+    uri = str(catalog.properties.get("uri"))
+    if not isinstance(catalog, HiveCatalog) or uri in _METASTORES_CHECKED:
         return
     from hive_metastore.ttypes import NoSuchObjectException
     from thrift.Thrift import TApplicationException
@@ -101,12 +105,13 @@ def check_metastore_calls(catalog: Catalog) -> None:
         with catalog._client as client:
             client.get_table(dbname="icesink_probe", tbl_name="icesink_probe")
     except NoSuchObjectException:
+        _METASTORES_CHECKED.add(uri)  # once a process: each commit thread opens a catalog of its own
         return
     except TApplicationException as exc:
         if exc.type != TApplicationException.UNKNOWN_METHOD:
             raise
         raise ConfigError(
-            f"catalog {catalog.name}: the Hive metastore at {catalog.properties.get('uri')} does not serve "
+            f"catalog {catalog.name}: the Hive metastore at {uri} does not serve "
             "get_table (Hive 4.0.1 and later dropped it; pyiceberg's HiveCatalog and Spark's Hive client "
             "call it): use a metastore of Hive 4.0.0 or earlier"
         ) from None

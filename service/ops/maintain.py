@@ -71,6 +71,9 @@ def maintain(config: SinkConfig, once: bool) -> int:
             )
             return EXIT_OK
         runs = maintainer.run_once(force=True)
+    except ConfigError as exc:  # a catalog the maintainer can't serve (service.iceberg.tables.open_catalog)
+        logger.error("cannot start: %s", exc)
+        return EXIT_CONFIG
     except Fenced as exc:
         metrics.fenced.add(1, metrics.attrs())
         logger.error("stopping: a newer maintainer took over (%s); this one committed nothing more", exc)

@@ -32,29 +32,33 @@ class _Client:
         raise self.answer
 
 
-def _catalog(answer: Exception) -> tuple[HiveCatalog, _Client]:
-    catalog = HiveCatalog("hms", uri="thrift://metastore:9083")
+def _catalog(answer: Exception, uri: str) -> tuple[HiveCatalog, _Client]:
+    catalog = HiveCatalog("hms", uri=uri)
     client = _Client(answer)
     catalog._client = client  # type: ignore[assignment]
     return catalog, client
 
 
 def test_a_metastore_without_get_table_is_refused_with_the_reason() -> None:
-    catalog, client = _catalog(
-        TApplicationException(TApplicationException.UNKNOWN_METHOD, "Invalid method name: 'get_table'")
-    )
-    with pytest.raises(ConfigError, match=r"thrift://metastore:9083 does not serve get_table .*Hive 4\.0\.0"):
+    unknown = TApplicationException(TApplicationException.UNKNOWN_METHOD, "Invalid method name: 'get_table'")
+    catalog, client = _catalog(unknown, "thrift://hive401:9083")
+    with pytest.raises(ConfigError, match=r"thrift://hive401:9083 does not serve get_table .*Hive 4\.0\.0"):
         check_metastore_calls(catalog)
     assert client.calls, "the metastore was asked"
+    with pytest.raises(ConfigError):  # and asked again by the next catalog: a refusal is not remembered
+        check_metastore_calls(catalog)
 
 
 def test_a_metastore_that_knows_no_such_table_passes() -> None:
-    catalog, client = _catalog(NoSuchObjectException(message="icesink_probe.icesink_probe table not found"))
+    missing = NoSuchObjectException(message="icesink_probe.icesink_probe table not found")
+    catalog, client = _catalog(missing, "thrift://hive400:9083")
     check_metastore_calls(catalog)
     assert client.calls == [("icesink_probe", "icesink_probe")]
+    check_metastore_calls(catalog)  # each commit thread's catalog: the metastore was checked already
+    assert len(client.calls) == 1, client.calls
 
 
 def test_another_metastore_failure_is_not_taken_for_a_missing_call() -> None:
-    catalog, _ = _catalog(TApplicationException(TApplicationException.INTERNAL_ERROR, "boom"))
+    catalog, _ = _catalog(TApplicationException(TApplicationException.INTERNAL_ERROR, "boom"), "thrift://h:1")
     with pytest.raises(TApplicationException):
         check_metastore_calls(catalog)

@@ -199,12 +199,13 @@ def test_adls_locations_reach_pyarrow_as_container_and_path() -> None:
 
 
 def test_a_catalog_spark_does_not_know_needs_maintenance_spark_catalog() -> None:
-    dynamo = with_(catalog={"type": "dynamodb", "dynamodb.region": "eu-west-1", "warehouse": "s3://b/w"})
+    # a catalog class of one's own, as pyiceberg loads it (py-catalog-impl)
+    acme = with_(catalog={"type": "acme", "py-catalog-impl": "acme.iceberg.Catalog", "warehouse": "s3://b/w"})
     with pytest.raises(ConfigError, match=r"maintenance\.spark_catalog"):
-        catalog_conf(parse_config(dynamo, env={}))
-    jdbc = {"catalog-impl": "org.apache.iceberg.aws.dynamodb.DynamoDbCatalog"}
-    conf = catalog_conf(parse_config({**dynamo, "maintenance": {"spark_catalog": jdbc}}, env={}), "c")
-    assert conf["spark.sql.catalog.c.catalog-impl"] == "org.apache.iceberg.aws.dynamodb.DynamoDbCatalog"
+        catalog_conf(parse_config(acme, env={}))
+    java = {"catalog-impl": "com.acme.iceberg.AcmeCatalog"}
+    conf = catalog_conf(parse_config({**acme, "maintenance": {"spark_catalog": java}}, env={}), "c")
+    assert conf["spark.sql.catalog.c.catalog-impl"] == "com.acme.iceberg.AcmeCatalog"
 
 
 def test_a_sql_catalog_on_postgres_is_icebergs_jdbc_catalog_under_the_sinks_catalog_name() -> None:
