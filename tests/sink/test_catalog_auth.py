@@ -108,8 +108,10 @@ def test_sink_writes_through_an_oauth2_catalog(make_sink: Any, spark: Any, stack
     assert_rows(spark, sink.table, sink.source.expected_rows())
 
 
-def test_glue_and_hive_properties_reach_pyiceberg() -> None:
-    """Glue and Hive can't run here: check the configuration builds the right pyiceberg catalogs."""
+def test_glue_and_hive_properties_reach_pyiceberg(hive: str) -> None:
+    """The configuration builds the right pyiceberg catalogs: Glue's client for the region given (the
+    Glue tests of tests/sink/test_catalogs.py use moto's endpoint), and a Hive catalog that opens
+    against the stack's metastore (opening one asks the metastore for a table: its calls are checked)."""
     base = {
         "sink_id": "s",
         "kafka": {"bootstrap_servers": "k:9092", "topics": ["t"]},
@@ -131,5 +133,7 @@ def test_glue_and_hive_properties_reach_pyiceberg() -> None:
     catalog = open_catalog(glue)
     assert type(catalog).__name__ == "GlueCatalog"
     assert catalog.glue.meta.region_name == "eu-west-1"
-    hive = parse_config({**base, "catalog": {"name": "h", "type": "hive", "uri": "thrift://metastore:9083"}})
-    assert type(open_catalog(hive)).__name__ == "HiveCatalog"
+    config = parse_config({**base, "catalog": {"name": "h", "type": "hive", "uri": hive}})
+    catalog = open_catalog(config)
+    assert type(catalog).__name__ == "HiveCatalog"
+    assert catalog.properties["uri"] == hive
