@@ -9,18 +9,16 @@ from typing import Any, TypeVar
 from pyiceberg.catalog import Catalog
 
 from service.config import SinkConfig
-from service.iceberg.tables import open_catalog
+from service.iceberg.tables import open_catalog, request_timeout_s
 from service.retrying import Backoff, catalog_answer, log_failure, retry_call
-from service.units import parse_duration
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REQUEST_TIMEOUT_PROPERTY = "icesink.request-timeout"  # catalog property, a duration (default 60s)
-
 
 def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
-    """Give the REST catalog's HTTP requests a timeout; pyiceberg sets none.
+    """Give the REST catalog's HTTP requests a timeout; pyiceberg sets none (a Hive metastore's calls
+    get theirs when the catalog opens: :func:`service.iceberg.tables.bound_metastore_calls`).
 
     A catalog that accepts a request and never answers would otherwise stall the sink for good. A
     commit that times out is an unknown outcome: the Committer looks for its snapshot, then retries.
@@ -59,6 +57,5 @@ def catalog_retries(config: SinkConfig, what: str, call: Callable[[], T]) -> T:
 def connect(config: SinkConfig) -> Catalog:
     """The catalog, connected with start-up retries, its requests bounded by ``icesink.request-timeout``."""
     catalog = catalog_retries(config, "connecting to the catalog", lambda: open_catalog(config))
-    timeout = parse_duration(config.catalog.get(REQUEST_TIMEOUT_PROPERTY, "60s")).total_seconds()
-    bound_catalog_requests(catalog, timeout)
+    bound_catalog_requests(catalog, request_timeout_s(config))
     return catalog

@@ -39,6 +39,7 @@ from service.config import ConfigError, Mode, SinkConfig, TableConfig
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
 from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.model.object_store import with_object_store_io
+from service.units import parse_duration
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,43 @@ def metadata_properties(config: SinkConfig) -> dict[str, str]:
 _TRANSFORM_RE = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([\w.]+)\s*\)\s*$")
 
 
+REQUEST_TIMEOUT_PROPERTY = "icesink.request-timeout"  # catalog property, a duration (default 60s)
+
+
+def request_timeout_s(config: SinkConfig) -> float:
+    return parse_duration(config.catalog.get(REQUEST_TIMEOUT_PROPERTY, "60s")).total_seconds()
+
+
 def open_catalog(config: SinkConfig) -> Catalog:
     catalog = load_catalog(config.catalog_name, **with_object_store_io(config.catalog_properties))
+    bound_metastore_calls(catalog, request_timeout_s(config))
     check_metastore_calls(catalog)
     return catalog
+
+
+def bound_metastore_calls(catalog: Catalog, timeout_s: float) -> None:
+    """Give a Hive metastore's calls a timeout; pyiceberg opens its Thrift sockets with none.
+
+    A metastore that accepts a connection and never answers would otherwise hold the sink (a commit, or
+    start-up) for good. pyiceberg makes a transport per call: each gets the timeout. A call that times
+    out is an unknown outcome (:func:`service.retrying.catalog_answer`), as a REST request's is."""
+    from pyiceberg.catalog.hive import HiveCatalog
+    from thrift.transport.TSocket import TSocket
+    from thrift.transport.TTransport import TTransportBase
+
+    if not isinstance(catalog, HiveCatalog):
+        return
+    client = catalog._client
+    make = client._init_thrift_transport
+
+    def bounded(transport: TTransportBase) -> TTransportBase:
+        for inner in vars(transport).values():  # buffered or SASL: the socket is one of its fields
+            if isinstance(inner, TSocket):
+                inner.setTimeout(timeout_s * 1000)
+        return transport
+
+    client._init_thrift_transport = lambda: bounded(make())  # type: ignore[method-assign]
+    client._transport = bounded(client._transport)
 
 
 _METASTORES_CHECKED: set[str] = set()

@@ -62,3 +62,28 @@ def test_another_metastore_failure_is_not_taken_for_a_missing_call() -> None:
     catalog, _ = _catalog(TApplicationException(TApplicationException.INTERNAL_ERROR, "boom"), "thrift://h:1")
     with pytest.raises(TApplicationException):
         check_metastore_calls(catalog)
+
+
+@pytest.mark.timeout(60)  # without the bound the call would wait for good
+def test_a_metastore_that_never_answers_times_out() -> None:
+    """A listening socket that accepts and never answers: the catalog's call ends at the timeout, with a
+    transport error (an unknown outcome to the retry loop), instead of waiting for good."""
+    import socket
+    import time
+
+    from thrift.transport.TTransport import TTransportException
+
+    from service.iceberg.tables import bound_metastore_calls
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        catalog = HiveCatalog("hms", uri=f"thrift://127.0.0.1:{port}")
+        bound_metastore_calls(catalog, 0.5)
+        started = time.monotonic()
+        with pytest.raises(TTransportException):
+            catalog.list_namespaces()
+        assert time.monotonic() - started < 10
+        started = time.monotonic()
+        with pytest.raises(TTransportException):  # the next call's transport too
+            catalog.list_namespaces()
+        assert time.monotonic() - started < 10
