@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 def bound_catalog_requests(catalog: Catalog, timeout_s: float) -> None:
     """Give the REST catalog's HTTP requests a timeout; pyiceberg sets none (a Hive metastore's calls
-    get theirs when the catalog opens: :func:`service.iceberg.tables.bound_metastore_calls`).
+    get theirs when the catalog opens: :func:`service.iceberg.hive.bound_metastore_calls`).
 
     A catalog that accepts a request and never answers would otherwise stall the sink for good. A
     commit that times out is an unknown outcome: the Committer looks for its snapshot, then retries.

@@ -35,8 +35,9 @@ from pyiceberg.transforms import (
     YearTransform,
 )
 
-from service.config import ConfigError, Mode, SinkConfig, TableConfig
+from service.config import Mode, SinkConfig, TableConfig
 from service.iceberg.evolution import EvolutionPolicy, apply, check, plan
+from service.iceberg.hive import bound_metastore_calls, check_metastore_calls
 from service.model.columns import Column, SchemaError, check_key_types, columns_for_table, iceberg_schema
 from service.model.object_store import with_object_store_io
 from service.units import parse_duration
@@ -89,66 +90,6 @@ def open_catalog(config: SinkConfig) -> Catalog:
     bound_metastore_calls(catalog, request_timeout_s(config))
     check_metastore_calls(catalog)
     return catalog
-
-
-def bound_metastore_calls(catalog: Catalog, timeout_s: float) -> None:
-    """Give a Hive metastore's calls a timeout; pyiceberg opens its Thrift sockets with none.
-
-    A metastore that accepts a connection and never answers would otherwise hold the sink (a commit, or
-    start-up) for good. pyiceberg makes a transport per call: each gets the timeout. A call that times
-    out is an unknown outcome (:func:`service.retrying.catalog_answer`), as a REST request's is."""
-    from pyiceberg.catalog.hive import HiveCatalog
-    from thrift.transport.TSocket import TSocket
-    from thrift.transport.TTransport import TTransportBase
-
-    if not isinstance(catalog, HiveCatalog):
-        return
-    client = catalog._client
-    make = client._init_thrift_transport
-
-    def bounded(transport: TTransportBase) -> TTransportBase:
-        for inner in vars(transport).values():  # buffered or SASL: the socket is one of its fields
-            if isinstance(inner, TSocket):
-                inner.setTimeout(timeout_s * 1000)
-        return transport
-
-    client._init_thrift_transport = lambda: bounded(make())  # type: ignore[method-assign]
-    client._transport = bounded(client._transport)
-
-
-_METASTORES_CHECKED: set[str] = set()
-
-
-def check_metastore_calls(catalog: Catalog) -> None:
-    """Refuse a Hive metastore that no longer serves ``get_table``, before anything is written.
-
-    Hive 4.0.1 dropped the call from its Thrift API; pyiceberg's HiveCatalog (the sink's) reads every
-    table through it, and so does the Hive client Iceberg's HiveCatalog uses in Spark (the maintainer's).
-    Against such a metastore a namespace could be created and every table load would then fail: one call
-    for a table nobody has tells the two apart (an unknown table is the answer that passes).
-    """
-    from pyiceberg.catalog.hive import HiveCatalog
-
-    uri = str(catalog.properties.get("uri"))
-    if not isinstance(catalog, HiveCatalog) or uri in _METASTORES_CHECKED:
-        return
-    from hive_metastore.ttypes import NoSuchObjectException
-    from thrift.Thrift import TApplicationException
-
-    try:
-        with catalog._client as client:
-            client.get_table(dbname="icesink_probe", tbl_name="icesink_probe")
-    except NoSuchObjectException:
-        _METASTORES_CHECKED.add(uri)  # once a process: each commit thread opens a catalog of its own
-        return
-    except TApplicationException as exc:
-        if exc.type != TApplicationException.UNKNOWN_METHOD:
-            raise
-        raise ConfigError(
-            f"catalog {catalog.name}: the Hive metastore at {uri} does not serve "
-            "get_table (Hive 4.0.1 and later dropped it; pyiceberg's HiveCatalog and Spark's Hive client "
-            "call it): use a metastore of Hive 4.0.0 or earlier"
-        ) from None
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:

@@ -13,7 +13,7 @@ from pyiceberg.catalog.hive import HiveCatalog
 from thrift.Thrift import TApplicationException
 
 from service.config import ConfigError
-from service.iceberg.tables import check_metastore_calls
+from service.iceberg.hive import check_metastore_calls
 
 
 class _Client:
@@ -73,7 +73,7 @@ def test_a_metastore_that_never_answers_times_out() -> None:
 
     from thrift.transport.TTransport import TTransportException
 
-    from service.iceberg.tables import bound_metastore_calls
+    from service.iceberg.hive import bound_metastore_calls
 
     with socket.create_server(("127.0.0.1", 0)) as silent:
         port = silent.getsockname()[1]
