@@ -73,7 +73,9 @@ class SinkRun:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """SIGKILL takes the whole process group (Spark's JVM too), like a pod being killed; other
-        signals go to the icesink process only, as Kubernetes sends SIGTERM to the main process."""
+        signals go to the icesink process only, as Kubernetes sends SIGTERM to the main process.
+        A run in the sink host is stopped instead of SIGKILLed (a clean-up, never a test's fault: a
+        test that kills starts a process, ``Sink.start(process=True)``)."""
         if isinstance(self.process, host.HostedProcess):
             self.process.send_signal(sig)
         elif self.process.poll() is None:
@@ -146,18 +148,25 @@ class Sink:
         assert producer.flush(30) == 0
         return landed
 
-    def start(self, *args: str, env: Mapping[str, str | None] | None = None) -> SinkRun:
-        """Start `icesink run`; ``env`` adds variables to the test's environment (None removes one)."""
-        return self.start_cli("run", *args, env=env)
+    def start(
+        self, *args: str, env: Mapping[str, str | None] | None = None, process: bool = False
+    ) -> SinkRun:
+        """Start `icesink run`; ``env`` adds variables to the test's environment (None removes one).
+        ``process``: a process of its own, never a run in the sink host, for a test whose story is a
+        SIGKILL (a hosted run can only be stopped: tests/sink/host.py)."""
+        return self.start_cli("run", *args, env=env, process=process)
 
-    def start_cli(self, *args: str, env: Mapping[str, str | None] | None = None) -> SinkRun:
+    def start_cli(
+        self, *args: str, env: Mapping[str, str | None] | None = None, process: bool = False
+    ) -> SinkRun:
         """Start `icesink <args> --config <this sink>` in the background (``run``, ``maintain``, ...)."""
         self.save()
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
         argv, environment = [*args, "--config", str(self.path)], _environment(env)
         with log_path.open("w") as log:
             # A run with variables of its own is a process; so is one the sink host does not take.
-            process = (None if env else host.start(argv, environment, log_path, REPO)) or subprocess.Popen(
+            hosted = None if env or process else host.start(argv, environment, log_path, REPO)
+            running = hosted or subprocess.Popen(
                 [*ICESINK, *argv],
                 cwd=REPO,
                 stdout=log,
@@ -166,7 +175,7 @@ class Sink:
                 env=environment,
                 start_new_session=True,
             )
-        run = SinkRun(process, log_path)
+        run = SinkRun(running, log_path)
         self.runs.append(run)
         return run
 

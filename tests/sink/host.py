@@ -1,16 +1,19 @@
-"""A warm Spark session for the sink tests: ``icesink run --until-caught-up`` in a long-lived process.
+"""A warm Spark session for the sink tests: ``icesink run`` and ``maintain --once`` in a long-lived process.
 
-Most of a test's ``icesink run --until-caught-up`` is a new Python process, a new JVM and a new Spark
-session. Each pytest worker starts one *sink host* instead (``python -m tests.sink.host``, on first
-use, kept for the session): it runs the command in-process with :func:`service.cli.main`, the CLI's
-own entry point, so the exit code is the one the command would have exited with (an exception the CLI
-lets out is printed and answers 1, as Python's exit would). The sink's ``build_spark`` finds the
-host's Spark session and reuses it; the sink never stops it. ``Sink.cli`` runs the commands that
-start no Spark (status, orphans, txnlog reseed/abandon, offsets reset) and ``run`` there too, their
-output captured as ``subprocess.run`` captures it.
+Most of a test's ``icesink run`` or ``icesink maintain --once`` is a new Python process, a new JVM and
+a new Spark session. Each pytest worker starts one *sink host* instead (``python -m tests.sink.host``,
+on first use, kept for the session): it runs the command in-process with :func:`service.cli.main`, the
+CLI's own entry point, so the exit code is the one the command would have exited with (an exception
+the CLI lets out is printed and answers 1, as Python's exit would). The host starts its Spark session
+as ``maintain`` starts one (with Iceberg's SQL extensions, which a session takes only when it starts);
+a command's ``build_spark`` finds it and reuses it, and the session outlives the command (``maintain``'s
+stop of it is skipped). ``Sink.start`` runs ``run`` there in the background, ``Sink.cli`` runs it to
+its end, with ``maintain --once`` and the commands that start no Spark (status, orphans, txnlog
+reseed/abandon, offsets reset), their output captured as ``subprocess.run`` captures it.
 
 What a run leaves in the process is put back after it: the signal handlers the CLI installs, the
-logging set-up, the fail points, Spark's cached data. Everything the process, its JVM and its Spark
+logging set-up, the fail points, Spark's cached data, the maintainer's Iceberg catalog (its settings
+and Spark's instance of it). Everything the process, its JVM and its Spark
 Python workers write goes through one pipe, copied to the log file of the run in progress (the file
 a subprocess would have written), or to the host's own log between runs.
 
@@ -19,11 +22,13 @@ A run is a process, as before, when
 * the host is busy with another run (two sinks started at once);
 * its configuration does not load, exports metrics, serves health probes, runs on a cluster, or names
   other Spark settings (master, jars, conf) than the run that started the host's session;
-* it is a command a test may kill or signal (``icesink run`` without ``--until-caught-up`` started in
-  the background, ``maintain``), or one with a Spark session of its own (``check``, ``maintain``).
+* the test asks for a process (``Sink.start(process=True)``): a run it SIGKILLs as its story;
+* it is the long-running ``maintain`` (a test signals it, probes its health) or has a Spark session
+  of another master (``check``).
 The host runs with the pytest process's environment, as a sink process would; it is started again
 when that changes (the ``spark`` fixture's Spark sets variables). A hosted run a test stops gets the
-CLI's own SIGTERM handler; a SIGKILL can only be approximated (a stop, then the host is killed).
+CLI's own SIGTERM handler; a SIGKILL can only be approximated (a stop, then the host is killed if the
+run does not end within a minute), which is why a test whose fault is a kill starts a process.
 
 ``ICESINK_TEST_SINK_HOST=0`` turns the host off: every run is a process. ``ICESINK_TEST_SINK_HOST_KEEP=1``
 keeps the host's log (its directory under the temporary directory), which names every run and decline.
@@ -52,13 +57,17 @@ import traceback
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
+from unittest import mock
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 REPO = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("ICESINK_TEST_SINK_HOST", "1") != "0"
 # What the host runs: ``icesink run --until-caught-up`` (its output to the run's log file, as a process
-# writes it), and the commands that start no Spark (their output returned, as ``subprocess.run`` with
-# ``capture_output`` returns it).
+# writes it), and, their output returned as ``subprocess.run`` with ``capture_output`` returns it, the
+# commands that start no Spark and one pass of maintenance (``maintain --once``, in the host's session).
 HOSTED_RUN = ("run", "--until-caught-up")
 HOSTED_COMMANDS = (
     ("status",),
@@ -66,7 +75,10 @@ HOSTED_COMMANDS = (
     ("txnlog", "reseed"),
     ("txnlog", "abandon"),
     ("offsets", "reset"),
+    ("maintain", "--once"),
 )
+# The commands whose Spark session the host's serves: run, and one pass of maintenance.
+SPARK_COMMANDS = ("run", "maintain")
 # Variables that change from test to test in a pytest process: not part of what a run sees.
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 KILLED = -signal.SIGKILL
@@ -77,14 +89,15 @@ def _comparable(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def hosted(argv: list[str], capture: bool) -> bool:
-    """Whether ``icesink <argv>`` is one the host runs: ``run --until-caught-up``; with ``capture`` (run
-    to its end, its output returned) also ``run`` and the commands that start no Spark."""
+    """Whether ``icesink <argv>`` is one the host runs: ``run`` (with ``--until-caught-up`` or not);
+    with ``capture`` (run to its end, its output returned) also ``maintain --once`` and the commands
+    that start no Spark."""
     if argv[-2:-1] != ["--config"]:
         return False
     command = tuple(argv[:-2])
-    if command == HOSTED_RUN:
+    if command in (HOSTED_RUN, ("run",)):
         return True
-    return capture and (command == ("run",) or any(command[: len(c)] == c for c in HOSTED_COMMANDS))
+    return capture and any(command[: len(c)] == c for c in HOSTED_COMMANDS)
 
 
 # -- the host process ---------------------------------------------------------------------------------
@@ -260,7 +273,7 @@ class _Host:
         if env != self.env:
             changed = sorted(k for k in {*env, *self.env} if env.get(k) != self.env.get(k))
             return f"its environment differs from the host's: {', '.join(changed)}"
-        if argv[0] != "run":
+        if argv[0] not in SPARK_COMMANDS:
             return None
         try:
             config = load_config(argv[-1])
@@ -280,6 +293,8 @@ class _Host:
         return None
 
     def handle(self, conn: socket.socket, request: dict[str, Any]) -> None:
+        from pyspark.sql import SparkSession
+
         os.environ["PYTEST_CURRENT_TEST"] = request["env"].get("PYTEST_CURRENT_TEST", "")
         os.chdir(request["cwd"])
         reason = self.declines(request)
@@ -301,6 +316,10 @@ class _Host:
             _send(conn, {"accepted": True})
             started = time.monotonic()
             try:
+                if request["argv"][0] in SPARK_COMMANDS:
+                    self.start_session(request["argv"][-1])
+                    # The host's session outlives its runs (``maintain`` stops its own at the end).
+                    stack.enter_context(mock.patch.object(SparkSession, "stop", _kept))
                 code = self.run(request["argv"])
             finally:
                 self.output.switch(None)
@@ -310,6 +329,23 @@ class _Host:
         if capture:
             answer |= {"stdout": stdout.getvalue(), "stderr": stderr.getvalue().decode(errors="replace")}
         _send(conn, answer)
+
+    def start_session(self, config_path: str) -> None:
+        """Start the host's Spark session before its first run, as ``icesink maintain`` starts one: with
+        Iceberg's SQL extensions, which the maintenance procedures need and which a session only takes
+        when it starts (a sink's run finds it and uses it as its own). If that fails, the run starts
+        the session itself and says why."""
+        from pyspark.sql import SparkSession
+
+        from service.config import load_config
+        from service.spark_session import build_spark
+
+        if SparkSession._instantiatedSession is not None:
+            return
+        try:
+            build_spark(load_config(config_path), iceberg={})
+        except Exception as exc:
+            self.note(f"the session did not start ahead of the run: {exc!r}")
 
     def run(self, argv: list[str]) -> int:
         """``icesink <argv>`` as the process would run it: its exit code."""
@@ -342,6 +378,12 @@ class _Host:
         if session is not None and session._jvm is not None:
             with contextlib.suppress(Exception):
                 session.catalog.clearCache()
+                # A maintenance pass's Iceberg catalog (always named ``icesink``): its settings and the
+                # catalog Spark made of them, so that the next pass makes its own.
+                for key in session.conf.getAll:
+                    if key.startswith("spark.sql.catalog."):
+                        session.conf.unset(key)
+                session._jsparkSession.sessionState().catalogManager().reset()
                 session._jvm.java.lang.System.gc()
 
     def session_alive(self) -> bool:
@@ -354,6 +396,10 @@ class _Host:
             return not session.sparkContext._jsc.sc().isStopped()
         except Exception:
             return False
+
+
+def _kept(session: SparkSession) -> None:
+    """``SparkSession.stop`` during a hosted run: the session is the host's."""
 
 
 def _send(conn: socket.socket, message: dict[str, Any]) -> None:

@@ -237,7 +237,7 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, on_s3: b
     """Exact after a SIGKILL mid-workload and the resume, by every reader; then exact again after
     `icesink maintain --once` compacted the table through Spark's catalog of the same type."""
     sink.produce(300)
-    run = sink.start()
+    run = sink.start(process=True)
     run.wait_for_log("committed seq", timeout=240)
     left = sigkill_mid_workload(sink, run, lambda: sink.produce(300))
     sink.produce(200)

@@ -120,7 +120,7 @@ def test_held_changes_are_read_again_after_the_sink_is_killed(
     _feed(sink, prefix, sources, {"busy": 2400, "quiet": 150})
     busy, quiet = f"{namespace}.busy", f"{namespace}.quiet"
 
-    run = sink.start()
+    run = sink.start(process=True)  # SIGKILLed below, its held changes with it
     try:
         run.wait_for_log(f"to {busy}:", timeout=180, count=2)
         run.wait_for_log("changes held (records) for", timeout=60)

@@ -141,7 +141,7 @@ def test_latest_is_recorded_at_the_first_claim(make_sink: Any, spark: Any) -> No
     produce(sink.bootstrap, sink.topic, ghosts(30))  # before the first start: latest skips them
     at_start = {p: high for p, (_, high) in watermarks(sink).items()}
 
-    first = sink.start()
+    first = sink.start(process=True)
     first.wait_for_log("consuming", timeout=180)
     first.kill(signal.SIGKILL)
     first.wait(60)

@@ -13,6 +13,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,7 @@ def sigkill_mid_workload(sink: Sink, run: SinkRun, burst: Callable[[], object]) 
     txnlog row the kill left (phase ``precommit``: it landed mid-commit). ``burst`` produces changes
     right before the kill: between the producer's small rounds the sink may have caught up, and a
     kill then would land on an idle sink."""
+    assert isinstance(run.process, subprocess.Popen), "a SIGKILL needs a process: Sink.start(process=True)"
     pgid = run.process.pid
     members = live_group_members(pgid)
     assert run.process.poll() is None, f"the sink exited ({run.process.returncode}) before the kill"
@@ -100,7 +102,7 @@ def test_killed_and_restarted_mid_workload(make_sink: Any, spark: Any) -> None:
     left: SinkState | None = None  # the txnlog row the last SIGKILL left, until the next run
     try:
         for how in (signal.SIGKILL, signal.SIGTERM, signal.SIGKILL):
-            run = sink.start()
+            run = sink.start(process=True)
             if left is not None and left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit
                 run.wait_for_log(f"recovering sink {sink.name}: plan seq {left.seq} ", timeout=240)
             run.wait_for_log("committed seq", count=1 + rng.randint(0, 2), timeout=240)

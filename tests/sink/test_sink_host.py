@@ -1,8 +1,9 @@
-"""The sink host (tests/sink/host.py): `icesink run --until-caught-up` in a warm Spark session answers
-as the sink process would, with its exit code and its log file."""
+"""The sink host (tests/sink/host.py): `icesink run` and `icesink maintain --once` in a warm Spark
+session answer as the sink process would, with its exit code and its log file or output."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from typing import Any
 
@@ -46,3 +47,27 @@ def test_a_run_that_fails_exits_in_the_host_as_the_process_does(make_sink: Any) 
     assert hosted.wait(120) == process.wait(120) == 2, hosted.log()[-3000:] + process.log()[-3000:]
     message = f"cannot start: Kafka topic '{missing}' is not available"
     assert message in hosted.log() and message in process.log(), hosted.log()[-3000:]
+
+
+def test_maintenance_passes_in_the_host_each_reach_their_own_sinks_catalog(
+    make_sink: Any, nessie: str
+) -> None:
+    """Two sinks' ``maintain --once`` in the host's session, one after the other: the second (on Nessie's
+    REST catalog) compacts through its own catalog, not the Iceberg REST server's that Spark made for
+    the first pass (the maintainer's catalog is named ``icesink`` for both: the host drops it after a
+    run)."""
+    on_rest: Sink = make_sink(keys=20)
+    s3 = {k: v for k, v in on_rest.config["catalog"].items() if k.startswith("s3.")}
+    on_nessie: Sink = make_sink(keys=20, catalog={"name": "nessie", "type": "rest", "uri": nessie, **s3})
+    for sink in (on_rest, on_nessie):
+        for _ in range(2):  # two data files: something to compact
+            sink.produce(40)
+            sink.run_until_caught_up()
+
+    for sink in (on_rest, on_nessie):
+        done = sink.cli("maintain", "--once", timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        assert JVM_BANNER not in done.stderr, done.stderr[-3000:]  # it ran in the host's JVM
+        (table,) = json.loads(done.stdout)["tables"]
+        assert table["table"] == sink.table and table["failed"] == {}, table
+        assert table["tasks"]["compact"]["files_rewritten"] >= 2, table
