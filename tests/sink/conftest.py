@@ -191,7 +191,7 @@ class Sink:
         self, *args: str, env: Mapping[str, str | None] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """`icesink <args> --config <this sink>` run to its end, its output captured (in the sink host
-        for `run` and the commands that start no Spark: tests/sink/host.py)."""
+        for `run`, `maintain --once` and the commands that start no Spark: tests/sink/host.py)."""
         self.save()
         argv, environment = [*args, "--config", str(self.path)], _environment(env)
         return (None if env else host.run(argv, environment, timeout, REPO)) or subprocess.run(

@@ -12,10 +12,11 @@ its end, with ``maintain --once`` and the commands that start no Spark (status, 
 reseed/abandon, offsets reset), their output captured as ``subprocess.run`` captures it.
 
 What a run leaves in the process is put back after it: the signal handlers the CLI installs, the
-logging set-up, the fail points, Spark's cached data, the maintainer's Iceberg catalog (its settings
-and Spark's instance of it). Everything the process, its JVM and its Spark
-Python workers write goes through one pipe, copied to the log file of the run in progress (the file
-a subprocess would have written), or to the host's own log between runs.
+logging set-up, the fail points, Spark's cached data, the Spark settings it added (the maintainer's
+catalog, its default catalog) and the Iceberg catalogs Spark made of them (dropped, not closed).
+Everything the process, its JVM and its Spark Python workers write goes through one pipe, copied to
+the log file of the run in progress (the file a subprocess would have written), or to the host's own
+log between runs.
 
 A run is a process, as before, when
 * the test gives it variables of its own (a fail point, a credential, no jar list, ...);
@@ -65,9 +66,10 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("ICESINK_TEST_SINK_HOST", "1") != "0"
-# What the host runs: ``icesink run --until-caught-up`` (its output to the run's log file, as a process
-# writes it), and, their output returned as ``subprocess.run`` with ``capture_output`` returns it, the
-# commands that start no Spark and one pass of maintenance (``maintain --once``, in the host's session).
+# What the host runs: ``icesink run``, with ``--until-caught-up`` or not (its output to the run's log
+# file, as a process writes it), and, their output returned as ``subprocess.run`` with
+# ``capture_output`` returns it, the commands that start no Spark and one pass of maintenance
+# (``maintain --once``, in the host's session).
 HOSTED_RUN = ("run", "--until-caught-up")
 HOSTED_COMMANDS = (
     ("status",),
@@ -264,7 +266,7 @@ class _Host:
     def declines(self, request: dict[str, Any]) -> str | None:
         """Why the host does not run this request (the test then starts a process), or None."""
         from service.config import ConfigError, load_config
-        from service.spark_session import is_local
+        from service.spark_session import ICEBERG_EXTENSIONS, is_local
 
         argv, capture = request["argv"], bool(request.get("capture"))
         if not hosted(argv, capture):
@@ -290,6 +292,11 @@ class _Host:
         if self.spark_key is not None and key != self.spark_key:
             return f"its Spark settings differ from the session's: {spark}"
         self.spark_key = key
+        if argv[0] == "maintain" and ICEBERG_EXTENSIONS not in _settings().get(
+            "spark.sql.extensions", ICEBERG_EXTENSIONS
+        ):
+            # The session started without them (the host could not start it ahead of a run).
+            return "the host's Spark session has no Iceberg SQL extensions"
         return None
 
     def handle(self, conn: socket.socket, request: dict[str, Any]) -> None:
@@ -313,17 +320,20 @@ class _Host:
             else:
                 output = stack.enter_context(Path(request["log"]).open("ab", buffering=0))
             self.output.switch(output)
-            _send(conn, {"accepted": True})
             started = time.monotonic()
+            spark_command = request["argv"][0] in SPARK_COMMANDS
+            if spark_command:
+                # Before the run is accepted: a test's signal then finds the CLI's handler installed.
+                self.start_session(request["argv"][-1])
+                # The host's session outlives its runs (``maintain`` stops its own at the end).
+                stack.enter_context(mock.patch.object(SparkSession, "stop", _kept))
+            settings = _settings()
+            _send(conn, {"accepted": True})
             try:
-                if request["argv"][0] in SPARK_COMMANDS:
-                    self.start_session(request["argv"][-1])
-                    # The host's session outlives its runs (``maintain`` stops its own at the end).
-                    stack.enter_context(mock.patch.object(SparkSession, "stop", _kept))
                 code = self.run(request["argv"])
             finally:
                 self.output.switch(None)
-                self.reset()
+                self.reset(settings)
         self.note(f"ran {request['argv']}: exit {code} after {time.monotonic() - started:.1f}s")
         answer: dict[str, Any] = {"code": code}
         if capture:
@@ -360,8 +370,9 @@ class _Host:
             traceback.print_exc()
             return 1
 
-    def reset(self) -> None:
-        """Put back what the run changed in the process, and let go of what it left."""
+    def reset(self, settings: dict[str, str] | None) -> None:
+        """Put back what the run changed in the process (``settings``: the session's Spark settings
+        before it), and let go of what it left."""
         from pyspark.sql import SparkSession
 
         from service import failpoints
@@ -375,16 +386,24 @@ class _Host:
         # the proxy, in the background: the JVM collects now, Python after the next run.
         gc.collect()
         session = SparkSession._instantiatedSession
-        if session is not None and session._jvm is not None:
+        if session is None or session._jvm is None:
+            return
+        with contextlib.suppress(Exception):
+            session.catalog.clearCache()
+        # A maintenance pass's Iceberg catalog (``icesink``, or a SQL catalog's own name) and the
+        # settings it came from (``spark.sql.catalog.<name>.*``, ``spark.sql.defaultCatalog``): unset
+        # and dropped, so that the next pass makes its own of its own settings. Spark drops a catalog
+        # without closing it (Iceberg's caching wrapper has no close): its clients stay open until the
+        # host exits.
+        for key, value in _settings().items():
             with contextlib.suppress(Exception):
-                session.catalog.clearCache()
-                # A maintenance pass's Iceberg catalog (always named ``icesink``): its settings and the
-                # catalog Spark made of them, so that the next pass makes its own.
-                for key in session.conf.getAll:
-                    if key.startswith("spark.sql.catalog."):
-                        session.conf.unset(key)
-                session._jsparkSession.sessionState().catalogManager().reset()
-                session._jvm.java.lang.System.gc()
+                if key not in (settings or {}):
+                    session.conf.unset(key)
+                elif value != (settings or {})[key]:
+                    session.conf.set(key, (settings or {})[key])
+        session._jsparkSession.sessionState().catalogManager().reset()
+        with contextlib.suppress(Exception):
+            session._jvm.java.lang.System.gc()
 
     def session_alive(self) -> bool:
         from pyspark.sql import SparkSession
@@ -396,6 +415,14 @@ class _Host:
             return not session.sparkContext._jsc.sc().isStopped()
         except Exception:
             return False
+
+
+def _settings() -> dict[str, str]:
+    """The host's Spark session's settings (none before it starts)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession._instantiatedSession
+    return dict(session.conf.getAll) if session is not None and session._jvm is not None else {}
 
 
 def _kept(session: SparkSession) -> None:
