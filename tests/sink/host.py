@@ -79,7 +79,7 @@ HOSTED_COMMANDS = (
     ("offsets", "reset"),
     ("maintain", "--once"),
 )
-# The commands whose Spark session the host's serves: run, and one pass of maintenance.
+# The commands the host's Spark session serves: run, and one pass of maintenance.
 SPARK_COMMANDS = ("run", "maintain")
 # Variables that change from test to test in a pytest process: not part of what a run sees.
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
@@ -321,8 +321,7 @@ class _Host:
                 output = stack.enter_context(Path(request["log"]).open("ab", buffering=0))
             self.output.switch(output)
             started = time.monotonic()
-            spark_command = request["argv"][0] in SPARK_COMMANDS
-            if spark_command:
+            if request["argv"][0] in SPARK_COMMANDS:
                 # Before the run is accepted: a test's signal then finds the CLI's handler installed.
                 self.start_session(request["argv"][-1])
                 # The host's session outlives its runs (``maintain`` stops its own at the end).
@@ -370,7 +369,7 @@ class _Host:
             traceback.print_exc()
             return 1
 
-    def reset(self, settings: dict[str, str] | None) -> None:
+    def reset(self, settings: dict[str, str]) -> None:
         """Put back what the run changed in the process (``settings``: the session's Spark settings
         before it), and let go of what it left."""
         from pyspark.sql import SparkSession
@@ -397,11 +396,12 @@ class _Host:
         # host exits.
         for key, value in _settings().items():
             with contextlib.suppress(Exception):
-                if key not in (settings or {}):
+                if key not in settings:
                     session.conf.unset(key)
-                elif value != (settings or {})[key]:
-                    session.conf.set(key, (settings or {})[key])
-        session._jsparkSession.sessionState().catalogManager().reset()
+                elif value != settings[key]:
+                    session.conf.set(key, settings[key])
+        with contextlib.suppress(Exception):
+            session._jsparkSession.sessionState().catalogManager().reset()
         with contextlib.suppress(Exception):
             session._jvm.java.lang.System.gc()
 
