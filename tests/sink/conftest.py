@@ -164,7 +164,8 @@ class Sink:
         log_path = self.path.with_name(f"{self.name}-run{len(self.runs)}.log")
         argv, environment = [*args, "--config", str(self.path)], _environment(env)
         with log_path.open("w") as log:
-            # A run with variables of its own is a process; so is one the sink host does not take.
+            # A run with variables of its own is a process, as is one the test asks to be a process or
+            # one the sink host does not take.
             hosted = None if env or process else host.start(argv, environment, log_path, REPO)
             running = hosted or subprocess.Popen(
                 [*ICESINK, *argv],
