@@ -2,8 +2,10 @@
 
 ``ICESINK_FAILPOINTS="after_precommit=kill,during_catalog_commit=raise@2,after_catalog_commit=delay:5"``
 switches them on: ``kill`` ends the process at once (``os._exit``, as SIGKILL would: no cleanup, no
-flush), ``raise`` raises :class:`InjectedFault`, ``delay:S`` sleeps S seconds. ``@N`` fires on the N-th
-time the point is reached (default: the first).
+flush), ``raise`` raises :class:`InjectedFault`, ``delay:S`` sleeps S seconds, ``wait:FILE`` waits until
+the file FILE exists (a path without ``,`` or ``@``; at most :data:`WAIT_LIMIT_S`): a test holds the
+process at the point for exactly as long as its other side takes, however slow the machine. ``@N``
+fires on the N-th time the point is reached (default: the first).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 POINTS = (
     "before_precommit",
@@ -27,6 +30,8 @@ POINTS = (
 )
 ENV = "ICESINK_FAILPOINTS"
 KILL_EXIT_CODE = 137
+WAIT_LIMIT_S = 600.0  # a wait:FILE whose file never comes goes on after this, with a warning
+ACTIONS = "kill, raise, delay:SECONDS, wait:FILE"
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +43,7 @@ class InjectedFault(RuntimeError):
 @dataclass
 class _Rule:
     action: str
-    arg: float
+    arg: str  # delay: seconds; wait: the file
     nth: int
     hits: int = 0
 
@@ -55,9 +60,16 @@ def parse(spec: str) -> dict[str, _Rule]:
             raise ValueError(f"{ENV}: unknown fail point {name!r}; known: {', '.join(POINTS)}")
         action, _, nth = rest.partition("@")
         verb, _, arg = action.partition(":")
-        if verb not in ("kill", "raise", "delay"):
-            raise ValueError(f"{ENV}: unknown action {verb!r} for {name} (kill, raise, delay:SECONDS)")
-        rules[name] = _Rule(verb, float(arg or 0), int(nth or 1))
+        if verb not in ("kill", "raise", "delay", "wait"):
+            raise ValueError(f"{ENV}: unknown action {verb!r} for {name} ({ACTIONS})")
+        if verb == "wait" and not arg:
+            raise ValueError(f"{ENV}: {name}=wait needs the file to wait for (wait:FILE)")
+        if verb == "delay":
+            try:
+                float(arg or 0)
+            except ValueError:
+                raise ValueError(f"{ENV}: {name}=delay needs seconds (delay:SECONDS), not {arg!r}") from None
+        rules[name] = _Rule(verb, arg, int(nth or 1))
     return rules
 
 
@@ -88,4 +100,15 @@ def failpoint(name: str) -> None:
         os._exit(KILL_EXIT_CODE)
     if rule.action == "raise":
         raise InjectedFault(f"fail point {name}")
-    time.sleep(rule.arg)
+    if rule.action == "delay":
+        time.sleep(float(rule.arg or 0))
+        return
+    deadline = time.monotonic() + WAIT_LIMIT_S
+    while not Path(rule.arg).exists():
+        if time.monotonic() > deadline:
+            logger.warning(
+                "fail point %s: %s never appeared in %.0fs; going on", name, rule.arg, WAIT_LIMIT_S
+            )
+            return
+        time.sleep(0.1)
+    logger.warning("fail point %s: %s appeared; going on", name, rule.arg)

@@ -24,8 +24,9 @@ text, the decimal helpers) is in :mod:`service.data.envelope`.
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from decimal import Decimal
-from functools import partial, reduce
+from functools import lru_cache, reduce
 from typing import Any
 
 import pandas as pd
@@ -68,6 +69,10 @@ POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
 _ORDER = "__icesink_order"
 _JULIAN = "__icesink_julian"  # the event's timestamps were read in the Julian calendar (a snapshot)
 _JULIAN_LISTS = "__icesink_julian_lists"  # its timestamp[] elements were (see temporal.julian_list)
+_SOURCE = "__icesink_source"  # the envelope's source section, as JSON text
+_WIRE = "__icesink_wire_"  # + the column's index: its value as the event holds it
+_TEXT = "__icesink_text_"  # + index: a VariableScaleDecimal's text
+_VALUE = "__icesink_value_"  # + index: the value converted to the column's type
 
 
 def _unscaled_to_decimal(values: pd.Series, scale: int) -> pd.Series:
@@ -353,52 +358,89 @@ def decode(
     it is removed. The result keeps ``key`` and ``value`` for the dead-letter topic, and the source
     position in :data:`SOURCE_COLUMNS`. ``rejected_schemas`` maps schema texts (see
     :func:`schema_text`) to the reason their events are dead-lettered (an incompatible schema change
-    under ``on_incompatible_schema: dead_letter``). ``versions`` maps schema texts to the columns their events are decoded with, for the schema
-    versions that encode a column unlike ``columns`` (milliseconds, then microseconds); each such
-    version's events are decoded apart and the results united.
+    under ``on_incompatible_schema: dead_letter``). ``versions`` maps schema texts to the columns their
+    events are decoded with, for the schema versions that encode a column unlike ``columns``
+    (milliseconds, then microseconds); each such version's events are decoded apart and the results
+    united.
     """
-    if versions:
-        section = schema_text(F.col("value"))
-        part = partial(decode, key=key, max_record_bytes=max_record_bytes, rejected_schemas=rejected_schemas)
-        parts = [
-            part(records.where(section == F.lit(text)), cols, tombstones=False)  # a tombstone has no section
-            for text, cols in versions.items()
-        ]
-        others = records.where(section.isNull() | ~section.isin(*versions))
-        parts.append(part(others, columns, tombstones=tombstones))
-        return reduce(DataFrame.unionByName, parts)
+    context = records.sparkSession.sparkContext.applicationId
+    rejected = tuple((rejected_schemas or {}).items())
+
+    def of(shape: list[Column], keep_tombstones: bool) -> Decoding:
+        return decoding(context, tuple(shape), tuple(key), max_record_bytes, rejected, keep_tombstones)
+
+    if not versions:
+        return of(columns, tombstones).apply(records)
+    section = schema_text(F.col("value"))
+    # a tombstone has no schema section: it is among the others
+    parts = [of(cols, False).apply(records.where(section == F.lit(text))) for text, cols in versions.items()]
+    others = records.where(section.isNull() | ~section.isin(*versions))
+    return reduce(DataFrame.unionByName, [*parts, of(columns, tombstones).apply(others)])
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The projections that decode one table shape's records, applied one after the other.
+
+    Each projection names what the next refers to (the envelope's parts, then every column's wire
+    value, its text for a VariableScaleDecimal, its converted value, then the values and the error),
+    so an expression used twice (a conversion: as the value and in its error check) is a column
+    reference, not a second copy of its tree; Spark keeps apart projections whose outputs are used more
+    than once, so each is analysed and run once. Built once per Spark application and table shape
+    (:func:`decoding`): a shape's expressions take thousands of calls into the JVM to build, which every
+    batch the Arrow decoder declines would otherwise pay again.
+    """
+
+    keep_tombstones: bool
+    projections: tuple[tuple[SparkColumn, ...], ...]
+
+    def apply(self, records: DataFrame) -> DataFrame:
+        if not self.keep_tombstones:
+            records = records.where(F.col("value").isNotNull())
+        return reduce(lambda frame, projection: frame.select(*projection), self.projections, records)
+
+
+@lru_cache(maxsize=256)
+def decoding(
+    context: str,
+    columns: tuple[Column, ...],
+    key: tuple[str, ...],
+    max_record_bytes: int,
+    rejected: tuple[tuple[str, str], ...],
+    tombstones: bool,
+) -> Decoding:
+    """The decoding of a table shape, built on its first batch in a Spark application (``context``: its
+    id; a Python UDF in the expressions belongs to that application) and reused after that."""
+    del context  # in the cache key only
+    return Decoding(tombstones, _projections(list(columns), list(key), max_record_bytes, rejected))
+
+
+def _projections(
+    columns: list[Column], key: list[str], max_record_bytes: int, rejected: tuple[tuple[str, str], ...]
+) -> tuple[tuple[SparkColumn, ...], ...]:
+    """:class:`Decoding`'s projections for these columns."""
     by_name = {c.name: c for c in columns}
     key_columns = [by_name[k] for k in key]
-    if not tombstones:
-        records = records.where(F.col("value").isNotNull())
     value_text = F.coalesce(F.col("value").cast("string"), F.lit(TOMBSTONE_EVENT))
-    key_text = F.col("key").cast("string")
     env = F.from_json(value_text, envelope_schema(columns), _JSON_OPTIONS)
-    kjson = F.from_json(key_text, key_schema(key_columns), _JSON_OPTIONS)
-    parsed = records.select(*POSITION_COLUMNS, "key", "value", env.alias("env"), kjson.alias("kjson"))
+    kjson = F.from_json(F.col("key").cast("string"), key_schema(key_columns), _JSON_OPTIONS)
+    parsed = (
+        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value")],
+        env.alias("env"),
+        kjson.alias("kjson"),
+    )
+
     has_payload = F.col("env.payload").isNotNull()
 
     def envelope(name: str) -> SparkColumn:
         return F.when(has_payload, F.col(f"env.payload.{name}")).otherwise(F.col(f"env.{name}"))
 
-    source = F.from_json(envelope("source"), source_schema())
-    staged = parsed.select(
-        *POSITION_COLUMNS,
-        "key",
-        "value",
+    staged = (
+        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value")],
         envelope("op").alias(OP_COLUMN),
         envelope("after").alias("after"),
         envelope("before").alias("before"),
-        *[
-            source.getField(n).try_cast(t).alias(c)
-            for (n, t), c in zip(SOURCE_FIELDS.items(), SOURCE_COLUMNS, strict=True)
-        ],
-        temporal.spark_julian_snapshot(envelope("source")).alias(_JULIAN),
-        *(
-            [temporal.spark_julian_snapshot(envelope("source"), streamed_too=True).alias(_JULIAN_LISTS)]
-            if any(temporal.julian_list(c) for c in columns)
-            else []
-        ),
+        envelope("source").alias(_SOURCE),
         F.col(f"env.{CORRUPT_COLUMN}").alias("value_corrupt"),
         F.when(F.col("kjson.payload").isNotNull(), F.col("kjson.payload"))
         .otherwise(F.struct(*[F.col(f"kjson.`{k}`").alias(k) for k in key]))
@@ -407,10 +449,89 @@ def decode(
     )
 
     is_delete = F.col(OP_COLUMN) == "d"
-    is_tombstone = F.col("value").isNull()
     image = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
-    values: dict[str, SparkColumn] = {}
-    errors: list[SparkColumn] = [
+    wires = {c.name: F.col(f"{_WIRE}{i}") for i, c in enumerate(columns)}
+    texts = {c.name: F.col(f"{_TEXT}{i}") for i, c in enumerate(columns)}
+    values = {c.name: F.col(f"{_VALUE}{i}") for i, c in enumerate(columns)}
+    source = F.from_json(F.col(_SOURCE), source_schema())
+    positioned = (
+        F.col("*"),
+        *[
+            source.getField(n).try_cast(t).alias(c)
+            for (n, t), c in zip(SOURCE_FIELDS.items(), SOURCE_COLUMNS, strict=True)
+        ],
+        temporal.spark_julian_snapshot(F.col(_SOURCE)).alias(_JULIAN),
+        *(
+            [temporal.spark_julian_snapshot(F.col(_SOURCE), streamed_too=True).alias(_JULIAN_LISTS)]
+            if any(temporal.julian_list(c) for c in columns)
+            else []
+        ),
+        *[
+            (
+                F.coalesce(F.col(f"kstruct.`{c.name}`"), image.getField(c.name))
+                if c.name in key
+                else image.getField(c.name)
+            ).alias(f"{_WIRE}{i}")
+            for i, c in enumerate(columns)
+        ],
+    )
+    # A VariableScaleDecimal ({scale, value}, each element's for a list) → its exact text, then
+    # converted like decimal.handling.mode=string's text.
+    variable_scale = [c for c in columns if c.encoding is Encoding.VARIABLE_SCALE_DECIMAL]
+    as_text = (
+        F.col("*"),
+        *[
+            (_variable_scale_text_lists if c.is_list else _variable_scale_texts)(wires[c.name]).alias(
+                f"{_TEXT}{columns.index(c)}"
+            )
+            for c in variable_scale
+        ],
+    )
+    converted = (
+        F.col("*"),
+        *[
+            (
+                convert(as_text_column(c), texts[c.name])
+                if c in variable_scale
+                else convert(c, wires[c.name], _julian_mark(c))
+            ).alias(f"{_VALUE}{i}")
+            for i, c in enumerate(columns)
+        ],
+    )
+    errors = _envelope_errors(key, rejected, max_record_bytes)
+    for c in columns:
+        wire, value = wires[c.name], values[c.name]
+        if c in variable_scale:
+            text, text_column = texts[c.name], as_text_column(c)
+            misfit = F.when(text.isNotNull(), _misfit(text_column, text)).otherwise(
+                _misfit(c, F.to_json(wire))
+            )
+            if c.is_list:  # an element that is not {scale, value}, then one whose text does not fit
+                errors += _element_errors(c, wire, text) + _element_errors(text_column, text, value)
+        else:
+            misfit = _misfit(c, wire)
+            if c.is_list:
+                errors.extend(_element_errors(c, wire, value))
+        errors.append(F.when(wire.isNotNull() & value.isNull(), misfit))
+        if c.name in key:
+            errors.append(F.when(wire.isNull(), F.lit(f"key column {c.name} is missing")))
+        elif c.required:
+            errors.append(F.when(~is_delete & wire.isNull(), F.lit(f"required column {c.name} is null")))
+    result = (
+        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value", OP_COLUMN)],
+        *[values[c.name].alias(c.name) for c in columns],
+        *[F.col(c) for c in SOURCE_COLUMNS],
+        F.coalesce(*errors).alias(ERROR_COLUMN),
+    )
+    return parsed, staged, positioned, as_text, converted, result
+
+
+def _envelope_errors(
+    key: list[str], rejected: tuple[tuple[str, str], ...], max_record_bytes: int
+) -> list[SparkColumn]:
+    """The dead-letter reasons of a record as a whole (its envelope, its op, its key), first in line."""
+    is_tombstone = F.col("value").isNull()
+    return [
         # A tombstone's key is all there is of it: say so when it names no row.
         F.when(is_tombstone & F.col("key").isNull(), F.lit("tombstone without a key")),
         F.when(
@@ -426,7 +547,7 @@ def decode(
         ],
         *[
             F.when(schema_text(F.col("value")) == F.lit(text), F.lit(f"incompatible schema change: {reason}"))
-            for text, reason in (rejected_schemas or {}).items()
+            for text, reason in rejected
         ],
         F.when(
             F.length("value") > max_record_bytes,
@@ -443,42 +564,11 @@ def decode(
         F.when(F.col(OP_COLUMN).isNull(), F.lit("event has no op (not a Debezium change event)")),
         F.when(F.col(OP_COLUMN) == TRUNCATE_OP, F.lit(TRUNCATE_REASON)),
         F.when(~F.col(OP_COLUMN).isin(*VALID_OPS), F.format_string("unknown op '%s'", F.col(OP_COLUMN))),
-        F.when(~is_delete & F.col("after").isNull(), F.lit("create/update event without an 'after' image")),
+        F.when(
+            (F.col(OP_COLUMN) != "d") & F.col("after").isNull(),
+            F.lit("create/update event without an 'after' image"),
+        ),
     ]
-    for c in columns:
-        wire = F.col(f"kstruct.`{c.name}`") if c.name in key else None
-        image_wire = image.getField(c.name)
-        wire = F.coalesce(wire, image_wire) if wire is not None else image_wire
-        if c.encoding is Encoding.VARIABLE_SCALE_DECIMAL:
-            # {scale, value} (each element's, for a list) → its exact text, then converted like
-            # decimal.handling.mode=string's text
-            text_column = as_text_column(c)
-            text = (_variable_scale_text_lists if c.is_list else _variable_scale_texts)(wire)
-            converted = convert(text_column, text)
-            misfit = F.when(text.isNotNull(), _misfit(text_column, text)).otherwise(
-                _misfit(c, F.to_json(wire))
-            )
-            if c.is_list:  # an element that is not {scale, value}, then one whose text does not fit
-                errors += _element_errors(c, wire, text) + _element_errors(text_column, text, converted)
-        else:
-            converted, misfit = convert(c, wire, _julian_mark(c)), _misfit(c, wire)
-            if c.is_list:
-                errors.extend(_element_errors(c, wire, converted))
-        values[c.name] = converted
-        errors.append(F.when(wire.isNotNull() & converted.isNull(), misfit))
-        if c.name in key:
-            errors.append(F.when(wire.isNull(), F.lit(f"key column {c.name} is missing")))
-        elif c.required:
-            errors.append(F.when(~is_delete & wire.isNull(), F.lit(f"required column {c.name} is null")))
-    return staged.select(
-        *POSITION_COLUMNS,
-        "key",
-        "value",
-        F.col(OP_COLUMN),
-        *[values[c.name].alias(c.name) for c in columns],
-        *SOURCE_COLUMNS,
-        F.coalesce(*errors).alias(ERROR_COLUMN),
-    )
 
 
 def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:

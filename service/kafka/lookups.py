@@ -24,7 +24,6 @@ CLIENT_LOGGER = logging.getLogger("icesink.kafka")
 
 # Java-client properties that librdkafka does not know; they are passed to Spark only.
 _JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.", "ssl.keystore.", "sasl.login.", "sasl.client.callback")
-EARLIEST = -2  # Spark's startingOffsets for "the earliest offset"
 
 # (topic, partition) → (earliest offset, end offset)
 Watermarks = dict[tuple[str, int], tuple[int, int]]

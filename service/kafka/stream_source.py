@@ -26,9 +26,8 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from service.kafka.lookups import EARLIEST  # a partition's start before it is resolved
 from service.kafka.reader import RANGE_SCHEMA, OffsetRange
-from service.model.offsets import Offsets, merge_offsets, offsets_from_json, offsets_to_json
+from service.model.offsets import EARLIEST, Offsets, merge_offsets, offsets_from_json, offsets_to_json
 
 logger = logging.getLogger(__name__)
 FORMAT = "icesink_kafka"

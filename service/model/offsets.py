@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # topic → partition → next offset to read (exclusive end of what a commit covers)
 Offsets = dict[str, dict[int, int]]
+EARLIEST = -2  # Spark's startingOffsets for "the earliest offset": a partition's start before it is resolved
 
 
 def offsets_to_json(offsets: Offsets) -> dict[str, dict[str, int]]:

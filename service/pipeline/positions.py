@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from service.config import KafkaConfig
-from service.kafka.lookups import EARLIEST, earliest_offsets, end_offsets
+from service.kafka.lookups import earliest_offsets, end_offsets
 from service.kafka.reader import OffsetRange
 from service.kafka.stream_source import batch_ranges
-from service.model.offsets import Offsets, merge_offsets, offsets_from_json
+from service.model.offsets import EARLIEST, Offsets, merge_offsets, offsets_from_json
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
 from service.data.envelope import ERROR_COLUMN
 from service.data.spark_decode import decode as spark_decode
+from service.data.spark_decode import decoding as spark_decoding
 from service.data.spark_decode import latest_per_key as spark_latest_per_key
 from service.model.columns import Column, Encoding, column_from_config, list_of
 from tests.sink.decoders import comparable, kafka_positions, normalise, value_columns
@@ -485,6 +486,28 @@ def test_julian_snapshot_timestamps_are_undone(spark_decoded: dict[int, dict[str
             assert got == (sent, sent, sent), (label, got, row[ERROR_COLUMN])
         checked += 1
     assert checked == 27
+
+
+def test_a_later_batch_of_the_same_table_reuses_its_decoding_and_decodes_alike(
+    spark: SparkSession, spark_decoded: dict[int, dict[str, Any]]
+) -> None:
+    """Spark's decoder builds a table's expressions once per application (they take thousands of
+    calls into the JVM): a later batch of the same columns, here every third record of the corpus in
+    reverse, reuses them (Python UDFs included) and decodes each record as the first batch did."""
+    corpus = _corpus()
+    picked = list(range(len(corpus)))[::-3]
+    before = spark_decoding.cache_info()
+    again = decode_with_spark(spark, [corpus[i][1:] for i in picked], COLUMNS, KEY, MAX_BYTES)
+    after = spark_decoding.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses), (before, after)
+    differing = [
+        f"{corpus[first][0]}: {name} {row[name]!r} against {spark_decoded[first][name]!r}"
+        for offset, row in again.items()
+        for first in [picked[offset]]
+        for name in [ERROR_COLUMN, *value_columns(COLUMNS)]
+        if normalise(row[name]) != normalise(spark_decoded[first][name])
+    ]
+    assert len(again) == len(picked) and not differing, differing
 
 
 def test_every_column_has_an_arrow_decoder() -> None:

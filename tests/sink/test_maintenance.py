@@ -198,24 +198,28 @@ def test_a_maintainer_fenced_between_tasks_commits_nothing_more(make_sink: Any, 
 
 
 def test_a_sink_commit_that_conflicts_with_a_compaction_is_retried_on_top_of_it(
-    make_sink: Any, spark: Any
+    make_sink: Any, spark: Any, tmp_path: Path
 ) -> None:
     sink: Sink = make_sink(
         partitions=1,
         keys=60,
         kafka={"max_offsets_per_trigger": 40},
-        txnlog={"session_timeout": "120s"},  # the sink's row stays locked through the delayed commit
+        txnlog={"session_timeout": "600s"},  # the sink's row stays locked while its commit is held
     )
     sink.produce(40 * 6)
-    # The seventh commit has built its snapshot on the table as it was, then waits 45 s to send it.
-    run = sink.start(env={"ICESINK_FAILPOINTS": "during_catalog_commit=delay:45@7"})
+    # The seventh commit has built its snapshot on the table as it was, then is held until the
+    # compaction has committed (the release file).
+    release = tmp_path / "release"
+    run = sink.start(env={"ICESINK_FAILPOINTS": f"during_catalog_commit=wait:{release}@7"})
     run.wait_for_log("committed seq 6", timeout=240)
     sink.produce(40)
-    run.wait_for_log("fail point during_catalog_commit: delay", timeout=120)
+    run.wait_for_log("fail point during_catalog_commit: wait", timeout=120)
 
     report = _maintain(sink)
     compacted = report["tables"][0]["tasks"]["compact"]
     assert compacted["files_rewritten"] >= 6, compacted  # the compaction committed meanwhile
+    assert "committed seq 7" not in run.log()  # the sink's commit was still held
+    release.touch()
 
     run.wait_for_log("conflicted", timeout=120)  # the sink's commit met the compaction's snapshot
     run.wait_for_log("committed seq 7", timeout=120)
