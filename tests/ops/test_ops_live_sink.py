@@ -49,7 +49,6 @@ from tests.spark_jvm import driver_java_options
 
 LOG4J_JSON = REPO / "deploy" / "log4j2" / "log4j2-json.properties"
 COMMIT_FIELDS = ("table", "snapshot_id", "seq", "records", "bytes", "duration_s")
-FAILPOINT_DELAY_S = 12
 # Lines the JVM itself prints before any logging is configured (not produced by a logger).
 JVM_BANNERS = ("WARNING: Using incubator modules",)
 
@@ -235,11 +234,13 @@ log:
   format: json
 """
     )
+    release = tmp_path / "release"
     env = {
         **os.environ,
         # The DSN (with its password) only ever travels in the environment, as in the Helm chart.
         "ICESINK_TXNLOG__DSN": pg_role.dsn,
-        "ICESINK_FAILPOINTS": f"during_catalog_commit=delay:{FAILPOINT_DELAY_S}@1",
+        # The first commit is held until the test has committed beside it (see below).
+        "ICESINK_FAILPOINTS": f"during_catalog_commit=wait:{release}@1",
         "SPARK_SUBMIT_OPTS": f"-Dlog4j2.configurationFile={LOG4J_JSON}",
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
@@ -277,6 +278,7 @@ log:
 
         ours = rest_catalog.load_table(table)
         ours.append(pa.Table.from_pylist([], schema=ours.schema().as_arrow()))
+        release.touch()  # the held commit now meets this snapshot
         chaos = chaos_programs()
         res = run_program(chaos["PRODUCE"], [str(first_seed + 2), str(BURST), str(KEYS)], env, config)
         assert res.returncode == 0, f"the chaos script's producer failed:\n{res.stderr}"
