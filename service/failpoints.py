@@ -69,6 +69,8 @@ def parse(spec: str) -> dict[str, _Rule]:
                 float(arg or 0)
             except ValueError:
                 raise ValueError(f"{ENV}: {name}=delay needs seconds (delay:SECONDS), not {arg!r}") from None
+        if not (nth or "1").isdigit():
+            raise ValueError(f"{ENV}: {name}: @{nth} is not a count (a path may hold no ',' or '@')")
         rules[name] = _Rule(verb, arg, int(nth or 1))
     return rules
 

@@ -378,7 +378,7 @@ def decode(
     return reduce(DataFrame.unionByName, [*parts, of(columns, tombstones).apply(others)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # Spark Columns do not compare as values
 class Decoding:
     """The projections that decode one table shape's records, applied one after the other.
 
@@ -409,8 +409,9 @@ def decoding(
     rejected: tuple[tuple[str, str], ...],
     tombstones: bool,
 ) -> Decoding:
-    """The decoding of a table shape, built on its first batch in a Spark application (``context``: its
-    id; a Python UDF in the expressions belongs to that application) and reused after that."""
+    """The decoding of a table shape, built on its first batch in a Spark application and reused after
+    that. ``context`` (the application's id) is in the key because the decimal UDFs built here belong
+    to the application that was running; 256 shapes are kept (a sink of more tables builds again)."""
     del context  # in the cache key only
     return Decoding(tombstones, _projections(list(columns), list(key), max_record_bytes, rejected))
 

@@ -34,6 +34,7 @@ def test_a_wait_point_holds_its_caller_until_the_file_appears(tmp_path: Path) ->
         ("during_catalog_commit=delay:soon", "needs seconds"),
         ("during_catalog_commit=sleep:3", "unknown action 'sleep'"),
         ("during_commit=kill", "unknown fail point 'during_commit'"),
+        ("during_catalog_commit=wait:/tmp/a@b/release", "is not a count"),
     ],
 )
 def test_a_bad_specification_says_what_is_wrong(spec: str, message: str) -> None:
