@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -120,7 +121,14 @@ class Sink:
         return str(self.config["table"]["identifier"])
 
     def save(self) -> None:
-        self.path.write_text(yaml.safe_dump(self.config))
+        """Write the configuration whole (a temporary file renamed over it): a test's ``icesink status``
+        saves it while a run in the sink host may be reading it."""
+        text = yaml.safe_dump(self.config)
+        if self.path.exists() and self.path.read_text() == text:
+            return
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        partial.write_text(text)
+        partial.replace(self.path)
 
     def produce(self, n: int, mix: tuple[float, float, float] = (0.25, 0.60, 0.15)) -> list[Change]:
         changes = [self.source.next_change(mix) for _ in range(n)]
