@@ -125,6 +125,7 @@ def build_spark(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "service.pydaemon")  # workers start with tasks' imports
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )

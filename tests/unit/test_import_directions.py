@@ -8,7 +8,7 @@ probes) and what starts Spark; the three planes, none of which imports another: 
 index of position-delete tables ``service.keyindex`` (data files read, snapshots followed); the commit
 protocol ``service.commit``; the sink's batch steps ``service.pipeline`` and table maintenance
 ``service.maintenance``, which know nothing of each other; the operator commands ``service.ops``, the
-job and the demo producer; the CLI on top. Benchmarks and scripts use the service and the reference
+job, the demo producer and the daemon Spark's Python workers are forked from; the CLI on top. Benchmarks and scripts use the service and the reference
 readers (``readers``), never the tests.
 """
 
@@ -46,7 +46,7 @@ LAYERS: list[set[str]] = [
     {"service.keyindex"},
     {"service.commit"},
     {"service.pipeline", "service.maintenance"},
-    {"service.ops", "service.job", "service.sample"},
+    {"service.ops", "service.job", "service.sample", "service.pydaemon"},
     {"service.cli"},
 ]
 # Outside the service: (importer, imported, why it is refused)
