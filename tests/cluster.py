@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.spark_jvm import SHORT_LIVED, driver_java_options
+from tests.spark_jvm import LEAN_JVM, driver_java_options
 
 WORKERS = 2  # dev/stack's
 REPO = Path(__file__).resolve().parent.parent
@@ -48,7 +48,7 @@ class SparkCluster:
                 "spark.driver.bindAddress": "127.0.0.1",
                 "spark.executor.memory": "512m",
                 # the executors' JVMs start the way the tests' drivers do
-                "spark.executor.extraJavaOptions": SHORT_LIVED,
+                "spark.executor.extraJavaOptions": LEAN_JVM,
             },
         }
 

@@ -377,7 +377,7 @@ def spark(stack: Stack, spark_classes: Path | None) -> Iterator[SparkSession]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master("local[2]").appName("icesink-tests")
-    conf = {**reader_spark_conf(), "spark.driver.extraJavaOptions": driver_java_options(short_lived=False)}
+    conf = {**reader_spark_conf(), "spark.driver.extraJavaOptions": driver_java_options()}
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
