@@ -1,4 +1,4 @@
-"""`python -m bench.worker_start --idle 70`: what a Python worker of the sink's Spark costs to start,
+"""`python -m bench.worker_start --idle 80`: what a Python worker of the sink's Spark costs to start,
 forked from PySpark's daemon against icesink's (``service.pydaemon``), side by side in one run.
 
 Each daemon gets a local[2] session of its own (one process each, one after the other). A job of two
@@ -62,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--idle", type=float, default=70, help="seconds between two jobs (default 70)")
+    parser.add_argument("--idle", type=float, default=80, help="seconds between two jobs (default 80)")
     parser.add_argument("--jobs", type=int, default=3, help="jobs per daemon (default 3)")
     parser.add_argument("--only", choices=sorted(DAEMONS), help=argparse.SUPPRESS)  # one daemon, in a child
     args = parser.parse_args()

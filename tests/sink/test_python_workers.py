@@ -46,8 +46,9 @@ def test_the_sinks_python_workers_are_forked_from_icesinks_daemon(make_sink: Any
     sink.produce(40)
     run = sink.run_until_caught_up()
     assert "committed seq 1 to" in run.log(), run.log()[-3000:]
+    assert isinstance(run.process, host.HostedProcess), "the run was not hosted"
     the_host = host._host().process
-    assert the_host is not None, "the run was not hosted"
+    assert the_host is not None
 
     processes = _processes()
     tree = _descendants(the_host.pid, processes)
