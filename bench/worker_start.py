@@ -18,17 +18,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any
+
+from service.pydaemon import TASK_MODULES
 
 DAEMONS = {"pyspark": "pyspark.daemon", "icesink": "service.pydaemon"}
 
 
-def _task(_: Iterable[int]) -> Iterator[tuple[int, float]]:
+def _task(modules: tuple[str, ...], _: Iterable[int]) -> Iterator[tuple[int, float]]:
     import importlib
     import resource
 
-    for name in ("service.data.arrow_job", "service.data.files", "service.kafka.reader"):
-        importlib.import_module(name)  # what a batch's tasks import
+    for name in modules:
+        importlib.import_module(name)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     yield os.getpid(), round(usage.ru_utime + usage.ru_stime, 2)
 
@@ -51,7 +54,8 @@ def _one(daemon: str, idle: float, jobs: int) -> list[dict[str, Any]]:
             if job:
                 time.sleep(idle)
             started = time.monotonic()
-            workers = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_task).collect()
+            task = partial(_task, TASK_MODULES)  # what a batch's tasks import
+            workers = spark.sparkContext.parallelize(range(2), 2).mapPartitions(task).collect()
             out.append({"job": job, "seconds": round(time.monotonic() - started, 2), "workers": workers})
     finally:
         spark.stop()
