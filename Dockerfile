@@ -43,10 +43,12 @@ COPY service ./service
 COPY txnlog ./txnlog
 COPY --from=native /native /native
 # pyspark's bundled tests and examples are not needed to run the sink: dropped to keep the image smaller.
+# The .pth of service/pyspark_path.py: Spark's Python processes import the installed pyspark.
 RUN python -m venv /opt/icesink/venv \
  && /opt/icesink/venv/bin/pip install --upgrade pip \
  && /opt/icesink/venv/bin/pip wheel --no-deps --wheel-dir /dist . \
  && /opt/icesink/venv/bin/pip install /dist/icesink-*.whl /native/icesink_avrodec-*.whl \
+ && /opt/icesink/venv/bin/python -c 'from service.pyspark_path import install; install()' \
  && find /opt/icesink/venv/lib -path '*/pyspark/*' -type d \( -name tests -o -name examples \) -prune \
       -exec rm -rf {} +
 

@@ -1,8 +1,10 @@
 """The Python workers of the sink's Spark session are forked from icesink's daemon
-(``service.pydaemon``), which imported what the tasks run before its first fork."""
+(``service.pydaemon``), which imported what the tasks run before its first fork, and import the
+installed pyspark (``service.pyspark_path``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +12,6 @@ import pytest
 
 from tests.sink import host
 from tests.sink.conftest import Sink
-
-pytestmark = pytest.mark.skipif(not host.ENABLED, reason="ICESINK_TEST_SINK_HOST=0: every run is a process")
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -41,6 +41,7 @@ def _descendants(root: int, processes: dict[int, tuple[int, str]]) -> dict[int, 
     return out
 
 
+@pytest.mark.skipif(not host.ENABLED, reason="ICESINK_TEST_SINK_HOST=0: every run is a process")
 def test_the_sinks_python_workers_are_forked_from_icesinks_daemon(make_sink: Any) -> None:
     sink: Sink = make_sink(keys=20)
     sink.produce(40)
@@ -62,3 +63,21 @@ def test_the_sinks_python_workers_are_forked_from_icesinks_daemon(make_sink: Any
     )
     workers = [pid for pid, (ppid, _) in processes.items() if ppid in daemons]
     assert workers, "the batch's tasks ran in no worker forked from the daemon (workers are kept a minute)"
+
+
+def test_sparks_python_workers_import_the_installed_pyspark_not_its_zipped_copy(spark: Any) -> None:
+    """Spark puts pyspark's bundled zips first on its Python processes' path; the environment's
+    icesink-pyspark-path.pth (service/pyspark_path.py) takes them off, so a worker imports the installed,
+    compiled pyspark instead of compiling the zip's sources."""
+    import py4j
+    import pyspark
+
+    def imported_from(_: object) -> Iterator[str]:  # pickled by value: a worker can't import this file
+        import py4j
+        import pyspark
+
+        yield pyspark.__file__ or ""
+        yield py4j.__file__ or ""
+
+    found = spark.sparkContext.parallelize([0], 1).mapPartitions(imported_from).collect()
+    assert found == [pyspark.__file__, py4j.__file__], found

@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "service.model",
         "service.units",
         "service.pyworker",
+        "service.pyspark_path",
         "service.failpoints",
         "service.retrying",
     },
