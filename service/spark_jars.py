@@ -287,16 +287,23 @@ def check_files(jars: SparkJars) -> str:
         raise SparkJarsError(f"{jars.origin}: no such jar file: {', '.join(missing)}")
     if not jars.local_only:
         return jars.describe()
-    entries: set[str] = set()
-    for entry, path in local.items():
-        if path is None:
-            continue
+    files = [(entry, path) for entry, path in local.items() if path is not None]
+    not_zip = [entry for entry, path in files if not zipfile.is_zipfile(path)]
+    if not_zip:
+        raise SparkJarsError(f"{jars.origin}: not a jar (no zip directory): {', '.join(not_zip)}")
+    # The classes are looked for in the smallest jars first, until all are found: a jar's whole listing
+    # costs ~6 µs an entry, and the catalog and cloud bundles hold 10,000-30,000 entries each, none of
+    # the Kafka source's classes.
+    wanted = {_class_file(cls) for cls, _ in jars.classes}
+    for entry, path in sorted(files, key=lambda file: file[1].stat().st_size):
+        if not wanted:
+            break
         try:
             with zipfile.ZipFile(path) as jar:
-                entries.update(jar.namelist())
+                wanted.difference_update(jar.namelist())
         except (zipfile.BadZipFile, OSError) as exc:
             raise SparkJarsError(f"{jars.origin}: {entry} is not a jar: {exc}") from None
-    absent = [(cls, artifact) for cls, artifact in jars.classes if _class_file(cls) not in entries]
+    absent = [(cls, artifact) for cls, artifact in jars.classes if _class_file(cls) in wanted]
     if absent:
         raise SparkJarsError(_lacking(jars, absent))
     return jars.describe()

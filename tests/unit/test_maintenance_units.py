@@ -257,6 +257,19 @@ def test_jar_files_without_icebergs_runtime_are_refused_before_spark_starts(tmp_
     spark_jars.check_files(spark_jars.resolve(SparkConfig(), {spark_jars.JARS_ENV: str(jar)}))
 
 
+def test_a_jar_file_that_is_no_zip_is_refused_naming_it(tmp_path: Path) -> None:
+    """Refused even when the other jars already hold every class the source needs (the classes are
+    looked for in the smallest jars first, and the search stops once it has them all)."""
+    jar, broken = tmp_path / "kafka.jar", tmp_path / "bundle.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        for cls, _ in spark_jars.REQUIRED_CLASSES:
+            z.writestr(cls.replace(".", "/") + ".class", b"")
+    broken.write_bytes(b"<html>not found</html>" * 1000)
+    jars = spark_jars.resolve(SparkConfig(), {spark_jars.JARS_ENV: f"{jar},{broken}"})
+    with pytest.raises(spark_jars.SparkJarsError, match=f"not a jar .*: {broken}$"):
+        spark_jars.check_files(jars)
+
+
 def test_compaction_is_due_by_delete_files_commits_or_age() -> None:
     settings, task = MaintenanceConfig(), Compact()
     assert task.due(health(), settings, False, NOW) is None
