@@ -355,6 +355,11 @@ class _Host:
             build_spark(load_config(config_path), iceberg={})
         except Exception as exc:
             self.note(f"the session did not start ahead of the run: {exc!r}")
+        # What the host holds for good (the modules a run imports, the session) is out of the cyclic
+        # collector's reach from here: the collection after each run walks only what runs made, not
+        # ~180,000 objects (~0.3 CPU-s a run).
+        gc.collect()
+        gc.freeze()
 
     def run(self, argv: list[str]) -> int:
         """``icesink <argv>`` as the process would run it: its exit code."""
