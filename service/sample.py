@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from service.kafka.lookups import CLIENT_LOGGER
+from service.kafka.metadata import NO_AUTO_CREATE
 
 COUNTRIES = ("de", "fr", "us", "jp", "br", "in")
 COLUMNS_SCHEMA = [
@@ -227,8 +228,9 @@ def as_avro(changes: list[Change], table: str, registry_url: str, topic: str) ->
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=CLIENT_LOGGER)
-    if topic in admin.list_topics(timeout=15).topics:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **NO_AUTO_CREATE}, logger=CLIENT_LOGGER)
+    info = admin.list_topics(topic, timeout=15).topics.get(topic)  # that topic's, not the cluster's
+    if info is not None and info.error is None:
         return
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     for future in futures.values():

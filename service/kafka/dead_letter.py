@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame
 
 from service.config import KafkaConfig
 from service.kafka.lookups import client_config
+from service.kafka.metadata import NO_AUTO_CREATE
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +91,11 @@ def topic_max_bytes(kafka: KafkaConfig, topic: str, timeout_s: float = 15.0) -> 
 
     None when the cluster does not answer it (no DescribeConfigs permission, say).
     """
-    admin = AdminClient(client_config(kafka))
+    admin = AdminClient(client_config(kafka, **NO_AUTO_CREATE))
     try:
-        metadata = admin.list_topics(timeout=timeout_s)
-        if topic in metadata.topics and metadata.topics[topic].error is None:
+        metadata = admin.list_topics(topic, timeout=timeout_s)  # that topic's, not the cluster's
+        info = metadata.topics.get(topic)
+        if info is not None and info.error is None:
             resource, key = ConfigResource(ConfigResource.Type.TOPIC, topic), "max.message.bytes"
         else:  # auto-created on the first send, with the broker's default
             broker = min(metadata.brokers)

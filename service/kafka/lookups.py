@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient
 
 from service.config import KafkaConfig
+from service.kafka.metadata import topics_metadata
 from service.model.offsets import Offsets
 
 logger = logging.getLogger(__name__)
@@ -230,8 +231,8 @@ def peek(
     client = consumer(kafka, "peek")
     found = Peek()
     try:
-        metadata = client.list_topics(timeout=timeout_s)
-        parts = {t: sorted(metadata.topics[t].partitions) for t in topics if t in metadata.topics}
+        metadata = topics_metadata(client, topics, timeout_s)
+        parts = {t: sorted(info.partitions) for t, info in metadata.items() if info.error is None}
         ends = {tp: high for tp, (low, high) in watermarks(client, parts, timeout_s).items() if high > low}
         if not ends:
             return found

@@ -26,6 +26,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from service.kafka.metadata import NO_AUTO_CREATE, topics_metadata
 from service.kafka.reader import RANGE_SCHEMA, OffsetRange
 from service.model.offsets import EARLIEST, Offsets, merge_offsets, offsets_from_json, offsets_to_json
 
@@ -149,7 +150,7 @@ def _ends(start: Offsets, latest: Offsets, shares: dict[TopicPartitionKey, int])
 
 
 # How long the topics' partitions, asked of the broker, are taken as they were: asking costs a metadata
-# request of every topic in the cluster (~10 ms here) per micro-batch. A topic or partition added is
+# request per micro-batch (of every topic in the cluster for a pattern). A topic or partition added is
 # planned at most this much later.
 PARTITIONS_MAX_AGE_S = 5.0
 # What asking for the end offset of a deleted topic's partition answers (librdkafka finds no leader).
@@ -171,7 +172,8 @@ class RangeReader(DataSourceStreamReader):
 
     def _client(self) -> AdminClient:
         if self._admin is None:  # an admin client is a producer to librdkafka: no consumer property
-            self._admin = AdminClient({k: v for k, v in self.plan.client.items() if k != "isolation.level"})
+            client = {k: v for k, v in self.plan.client.items() if k != "isolation.level"}
+            self._admin = AdminClient({**client, **NO_AUTO_CREATE})
         return self._admin
 
     def _partitions(self, fresh: bool = False) -> dict[str, list[int]]:
@@ -179,12 +181,13 @@ class RangeReader(DataSourceStreamReader):
         if not fresh and self._known is not None and now - self._known[0] < PARTITIONS_MAX_AGE_S:
             return self._known[1]
         try:
-            meta = self._client().list_topics(timeout=self.plan.timeout_s)
+            named = None if self.plan.pattern is not None else self.plan.topics
+            topics = topics_metadata(self._client(), named, self.plan.timeout_s)
         except KafkaException as exc:
             raise RuntimeError(f"Kafka did not answer: {exc}") from None
         parts = {
             name: sorted(info.partitions)
-            for name, info in sorted(meta.topics.items())
+            for name, info in sorted(topics.items())
             if self.plan.reads(name) and info.error is None and info.partitions
         }
         self._known = (now, parts)

@@ -139,18 +139,23 @@ def test_every_plan_moves_forward_within_the_budget_and_serves_every_partition()
 
 
 class _Cluster:
-    """An admin client's metadata answer: the topics and their partitions, and how often it was asked."""
+    """An admin client's metadata answer: the topics and their partitions (of one topic when asked
+    for one: an unknown one with its error), how often it was asked and for what."""
 
     def __init__(self, topics: dict[str, list[int]]) -> None:
         self.topics = topics
         self.asked = 0
+        self.requests: list[str | None] = []
 
-    def list_topics(self, timeout: float) -> Any:
+    def list_topics(self, topic: str | None = None, timeout: float = 0) -> Any:
         self.asked += 1
+        self.requests.append(topic)
+        if topic is not None and topic not in self.topics:
+            unknown = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+            return SimpleNamespace(topics={topic: SimpleNamespace(partitions={}, error=unknown)})
+        named = self.topics if topic is None else {topic: self.topics[topic]}
         return SimpleNamespace(
-            topics={
-                t: SimpleNamespace(partitions=dict.fromkeys(ps), error=None) for t, ps in self.topics.items()
-            }
+            topics={t: SimpleNamespace(partitions=dict.fromkeys(ps), error=None) for t, ps in named.items()}
         )
 
 
@@ -203,6 +208,20 @@ def test_a_topic_created_is_planned_once_the_partitions_known_are_older_than_the
     now[0] += ranges.PARTITIONS_MAX_AGE_S
     assert offsets_from_json(source.latestOffset())["c"] == {0: 100, 1: 100}
     assert source.cluster.asked == 2
+
+
+def test_a_source_of_named_topics_asks_for_those_only_and_drops_one_that_is_gone() -> None:
+    """Not the whole cluster's metadata (thousands of topics on a shared cluster) every few seconds;
+    a listed topic deleted meanwhile is answered as unknown (not created: NO_AUTO_CREATE) and planned
+    no further."""
+    source = _Listed(RangePlan(client={}, topics=["a", "b"]), _Cluster({"a": [0], "b": [0, 1], "z": [0]}))
+    assert offsets_from_json(source.latestOffset()) == {"a": {0: 100}, "b": {0: 100, 1: 100}}
+    assert source.cluster.requests == ["a", "b"]
+
+    del source.cluster.topics["b"]
+    end = offsets_from_json(source.latestOffset())
+    assert source.cluster.requests == ["a", "b", "a", "b"]  # the end offsets of "b" failed: asked again
+    assert end["a"] == {0: 100} and "b" not in source._partitions()
 
 
 def test_a_failure_other_than_a_gone_topic_is_not_asked_again() -> None:
