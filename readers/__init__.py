@@ -19,6 +19,7 @@ from the environment (the variables of ``dev/stack env``; tests/conftest.py load
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -92,8 +93,10 @@ def spark_rows(
     return [row.asDict(recursive=True) for row in spark.sql(sql).collect()]
 
 
+@functools.cache
 def duckdb_extension_path(name: str) -> Path:
-    """The .duckdb_extension file shipped by the PyPI package `duckdb-extension-<name>`."""
+    """The .duckdb_extension file shipped by the PyPI package `duckdb-extension-<name>` (looked for once
+    a process: every connection loads it)."""
     import importlib
 
     import duckdb
