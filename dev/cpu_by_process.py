@@ -8,7 +8,8 @@ time is cut by cutting CPU, and this says whose.
 A JVM and Spark's Python workers are counted with the Python process that started them ("jvm of
 icesink-process": the Spark driver of an ``icesink`` process a test started; "jvm of sink-host": the
 sink host's, tests/sink/host.py; "jvm of pytest-worker": a worker's reader Spark). The stack's servers
-are named after their main class or binary.
+are named after their main class or binary. A process counts from the first sample that sees it; the
+machine's own count (/proc/stat) in the report's second line has the rest.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def _read(pid: int) -> tuple[float, int, str] | None:
     return (int(stat[11]) + int(stat[12])) / HZ, int(stat[1]), cmdline
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / HZ
+
+
 def sample(out: Path, every: float = 5.0) -> None:
     kinds: dict[int, str] = {}
     last: dict[int, float] = {}
@@ -93,7 +100,7 @@ def sample(out: Path, every: float = 5.0) -> None:
                     last[pid] = cpu  # what it used before it was first seen is not this run's
                 totals[kinds[pid]] = totals.get(kinds[pid], 0.0) + cpu - last[pid]
                 last[pid] = cpu
-            file.write(json.dumps({"t": time.time(), "cpu_s": totals}) + "\n")
+            file.write(json.dumps({"t": time.time(), "cpu_s": totals, "machine_s": machine_busy()}) + "\n")
             file.flush()
             time.sleep(every)
 
@@ -110,7 +117,16 @@ def report(path: Path) -> None:
     cores = os.cpu_count() or 1
     print(
         f"{minutes:.1f} min: {total:.1f} CPU-min used of {cores * minutes:.1f} ({total / (cores * minutes):.0%})"
+        " by the processes sampled"
     )
+    if "machine_s" in first and "machine_s" in end:
+        # A process is counted from the first sample that sees it: what it used before (a JVM's start,
+        # all of a process that lived between two samples) only the machine's count has.
+        machine = (end["machine_s"] - first["machine_s"]) / 60
+        print(
+            f"{machine:.1f} CPU-min used by the machine ({machine / (cores * minutes):.0%}): "
+            f"{machine - total:.1f} by processes before a sample first saw them"
+        )
     for name, value in sorted(used.items(), key=lambda item: -item[1]):
         if value >= 0.05:
             print(f"{value:7.1f}  {name}")
