@@ -39,6 +39,18 @@ def test_the_zips_of_a_pyspark_installed_on_the_path_are_dropped(tmp_path: Path)
     assert path == ["/usr/lib/python311.zip", "/usr/lib/python3.11", str(site)]
 
 
+def test_the_zips_are_dropped_when_the_path_reaches_the_same_pyspark_through_a_symlink(
+    tmp_path: Path,
+) -> None:
+    """Spark's $SPARK_HOME is pyspark's resolved directory; the venv's path may go through a symlink."""
+    site = _site(tmp_path, "site-packages")
+    (tmp_path / "venv").symlink_to(site)
+    zipped = str(site / "pyspark/python/lib/pyspark.zip")
+    path = [zipped, str(tmp_path / "venv")]
+    drop_bundled_zips(path)
+    assert path == [str(tmp_path / "venv")]
+
+
 def test_the_zips_of_a_spark_distribution_elsewhere_stay(tmp_path: Path) -> None:
     """A $SPARK_HOME of its own (its pyspark may differ from the installed one), and an installed pyspark
     whose directory is not on the path, keep their zips: they are what the process would import."""
@@ -58,9 +70,9 @@ def test_the_zips_of_a_spark_distribution_elsewhere_stay(tmp_path: Path) -> None
 def test_install_writes_the_line_once(tmp_path: Path) -> None:
     target = Path(install(str(tmp_path)))
     assert target == tmp_path / PTH_NAME and target.read_text() == PTH_LINE
-    stamp = target.stat().st_mtime_ns
+    os.utime(target, ns=(0, 0))
     install(str(tmp_path))
-    assert target.stat().st_mtime_ns == stamp
+    assert target.stat().st_mtime_ns == 0  # not written again
 
 
 def test_a_python_given_sparks_path_imports_the_installed_pyspark() -> None:
@@ -70,7 +82,12 @@ def test_a_python_given_sparks_path_imports_the_installed_pyspark() -> None:
     assert (purelib / PTH_NAME).read_text() == PTH_LINE, f"no {PTH_NAME} in {purelib}: run scripts/bootstrap"
     assert len(ZIPS) == 2, ZIPS
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(ZIPS)}
-    probe = "import sys, pyspark, py4j; print(pyspark.__file__, py4j.__file__, *[p for p in sys.path if 'pyspark' in p])"
+    # What the interpreter still has of the zips: path entries, or zip importers (which each
+    # importlib.invalidate_caches() before a Spark task would read again).
+    probe = (
+        "import sys, pyspark, py4j; print(pyspark.__file__, py4j.__file__, "
+        "*[p for p in [*sys.path, *sys.path_importer_cache] if 'pyspark/python/lib' in p])"
+    )
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == [str(INSTALLED / "__init__.py"), str(purelib / "py4j" / "__init__.py")], (
         done
