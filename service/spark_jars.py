@@ -287,15 +287,25 @@ def check_files(jars: SparkJars) -> str:
         raise SparkJarsError(f"{jars.origin}: no such jar file: {', '.join(missing)}")
     if not jars.local_only:
         return jars.describe()
-    files = [(entry, path) for entry, path in local.items() if path is not None]
-    not_zip = [entry for entry, path in files if not zipfile.is_zipfile(path)]
+    sizes: dict[str, tuple[int, Path]] = {}
+    not_zip = []
+    for entry, path in local.items():
+        if path is None:
+            continue
+        try:
+            with path.open("rb") as file:  # the zip's end record only
+                if not zipfile.is_zipfile(file):
+                    not_zip.append(entry)
+            sizes[entry] = (path.stat().st_size, path)
+        except OSError as exc:
+            raise SparkJarsError(f"{jars.origin}: {entry} is not a jar: {exc}") from None
     if not_zip:
         raise SparkJarsError(f"{jars.origin}: not a jar (no zip directory): {', '.join(not_zip)}")
     # The classes are looked for in the smallest jars first, until all are found: a jar's whole listing
     # costs ~6 µs an entry, and the catalog and cloud bundles hold 10,000-30,000 entries each, none of
     # the Kafka source's classes.
     wanted = {_class_file(cls) for cls, _ in jars.classes}
-    for entry, path in sorted(files, key=lambda file: file[1].stat().st_size):
+    for entry, (_, path) in sorted(sizes.items(), key=lambda item: item[1][0]):
         if not wanted:
             break
         try:
