@@ -70,9 +70,10 @@ def _read(pid: int) -> tuple[float, int, str] | None:
 
 
 def machine_busy() -> float:
-    """CPU seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
+    """CPU seconds this machine's processes and kernel used since boot (/proc/stat's user, nice,
+    system, irq and softirq: not idle, iowait, or steal, the time the hypervisor gave other guests)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / HZ
+    return sum(fields[i] for i in (0, 1, 2, 5, 6)) / HZ
 
 
 def sample(out: Path, every: float = 5.0) -> None:
@@ -120,12 +121,13 @@ def report(path: Path) -> None:
         " by the processes sampled"
     )
     if "machine_s" in first and "machine_s" in end:
-        # A process is counted from the first sample that sees it: what it used before (a JVM's start,
-        # all of a process that lived between two samples) only the machine's count has.
+        # A process is counted from the first sample that sees it to the last: what it used before (a
+        # JVM's start, all of a process that lived between two samples) and after, and the kernel's own
+        # work, only the machine's count has.
         machine = (end["machine_s"] - first["machine_s"]) / 60
         print(
             f"{machine:.1f} CPU-min used by the machine ({machine / (cores * minutes):.0%}): "
-            f"{machine - total:.1f} by processes before a sample first saw them"
+            f"{machine - total:.1f} unattributed (before a process's first sample or after its last)"
         )
     for name, value in sorted(used.items(), key=lambda item: -item[1]):
         if value >= 0.05:
