@@ -15,7 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient
 
 from service.config import KafkaConfig
-from service.kafka.metadata import topics_metadata
+from service.kafka.metadata import NO_AUTO_CREATE
 from service.model.offsets import Offsets
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def client_config(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:
 def task_client(kafka: KafkaConfig) -> dict[str, Any]:
     """The librdkafka properties a Spark task reads its offset range with (service.kafka.reader):
     the client's, at the sink's isolation level, without the logger object, which stays here."""
-    options = client_config(kafka, **{"isolation.level": kafka.isolation_level})
+    options = client_config(kafka, **{"isolation.level": kafka.isolation_level}, **NO_AUTO_CREATE)
     options.pop("logger")
     return options
 
@@ -104,13 +104,14 @@ def consumer(kafka: KafkaConfig, purpose: str = "admin", isolation_level: str | 
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "isolation.level": isolation_level or kafka.isolation_level,
+                **NO_AUTO_CREATE,
             },
         )
     )
 
 
 def admin(kafka: KafkaConfig) -> AdminClient:
-    return AdminClient(client_config(kafka))
+    return AdminClient(client_config(kafka, **NO_AUTO_CREATE))
 
 
 def partitions(kafka: KafkaConfig, timeout_s: float = 15.0) -> dict[str, list[int]]:
@@ -231,8 +232,11 @@ def peek(
     client = consumer(kafka, "peek")
     found = Peek()
     try:
-        metadata = topics_metadata(client, topics, timeout_s)
-        parts = {t: sorted(info.partitions) for t, info in metadata.items() if info.error is None}
+        parts = {}
+        for topic in topics:  # a request each: the topic's metadata, not the whole cluster's
+            info = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            if info is not None and info.error is None:
+                parts[topic] = sorted(info.partitions)
         ends = {tp: high for tp, (low, high) in watermarks(client, parts, timeout_s).items() if high > low}
         if not ends:
             return found

@@ -1,31 +1,44 @@
-"""Topic metadata asked of the brokers for the topics a caller needs, not for the whole cluster.
+"""Topic partitions asked of the brokers for the topics a caller needs, not for the whole cluster.
 
 A metadata request without topics is answered with every topic of the cluster and its partitions:
 on a cluster of thousands of topics that is a large answer for the broker to build and for the
 client to parse, and the sink's source asks every few seconds. A sink that names its topics asks for
-those; only a topic pattern needs the whole list.
+those, in one request; only a topic pattern needs the whole list.
 
 A request that names a topic the cluster lacks makes a broker with ``auto.create.topics.enable``
 create it when the client allows it, which librdkafka does by default for a producer and so for an
-admin client: the clients of the callers here say ``allow.auto.create.topics: false``
-(:data:`NO_AUTO_CREATE`), and a missing topic comes back with its error (unknown topic) instead.
+admin client: icesink's clients say ``allow.auto.create.topics: false`` (:data:`NO_AUTO_CREATE`,
+over anything in ``kafka.options``), and a missing topic is answered as unknown instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 NO_AUTO_CREATE = {"allow.auto.create.topics": False}
 
 
-def topics_metadata(client: Any, topics: Iterable[str] | None, timeout_s: float) -> dict[str, Any]:
-    """``TopicMetadata`` by name, of ``topics`` (one request each), or of every topic when ``topics``
-    is None. A topic the cluster lacks is there with its error and no partitions. ``client`` is a
-    confluent-kafka Consumer or AdminClient (configured with :data:`NO_AUTO_CREATE`)."""
+def partitions(admin: Any, topics: list[str] | None, timeout_s: float) -> dict[str, list[int]]:
+    """The partitions of each of ``topics`` the cluster has, described in one request (a topic it
+    lacks, deleted or never created, is left out), or of every topic of the cluster when ``topics``
+    is None. ``admin``: a confluent-kafka AdminClient configured with :data:`NO_AUTO_CREATE`. Raises
+    ``KafkaException`` when the cluster does not answer."""
     if topics is None:
-        return dict(client.list_topics(timeout=timeout_s).topics)
-    found: dict[str, Any] = {}
-    for topic in topics:
-        found.update(client.list_topics(topic, timeout=timeout_s).topics)
+        listed = admin.list_topics(timeout=timeout_s).topics
+        return {
+            t: sorted(info.partitions) for t, info in listed.items() if info.error is None and info.partitions
+        }
+    found: dict[str, list[int]] = {}
+    futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
+    for topic, future in futures.items():
+        try:
+            described = future.result(timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            raise
+        if described.partitions:
+            found[topic] = sorted(p.id for p in described.partitions)
     return found

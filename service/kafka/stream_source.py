@@ -26,7 +26,7 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from service.kafka.metadata import NO_AUTO_CREATE, topics_metadata
+from service.kafka.metadata import NO_AUTO_CREATE, partitions
 from service.kafka.reader import RANGE_SCHEMA, OffsetRange
 from service.model.offsets import EARLIEST, Offsets, merge_offsets, offsets_from_json, offsets_to_json
 
@@ -182,14 +182,10 @@ class RangeReader(DataSourceStreamReader):
             return self._known[1]
         try:
             named = None if self.plan.pattern is not None else self.plan.topics
-            topics = topics_metadata(self._client(), named, self.plan.timeout_s)
+            found = partitions(self._client(), named, self.plan.timeout_s)
         except KafkaException as exc:
             raise RuntimeError(f"Kafka did not answer: {exc}") from None
-        parts = {
-            name: sorted(info.partitions)
-            for name, info in sorted(topics.items())
-            if self.plan.reads(name) and info.error is None and info.partitions
-        }
+        parts = {name: ps for name, ps in sorted(found.items()) if self.plan.reads(name)}
         self._known = (now, parts)
         return parts
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import OffsetSpec
 
 from service.kafka import stream_source as ranges
@@ -138,25 +138,39 @@ def test_every_plan_moves_forward_within_the_budget_and_serves_every_partition()
                 latest[f"t{len(latest)}"] = {0: rng.randint(1, 3_000)}
 
 
+class _Described:
+    """A describe_topics future: the topic's partitions, or the broker's unknown-topic error."""
+
+    def __init__(self, partitions: list[int] | None) -> None:
+        self.partitions = partitions
+
+    def result(self, timeout: float) -> Any:
+        if self.partitions is None:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        return SimpleNamespace(partitions=[SimpleNamespace(id=p) for p in self.partitions])
+
+
 class _Cluster:
-    """An admin client's metadata answer: the topics and their partitions (of one topic when asked
-    for one: an unknown one with its error), how often it was asked and for what."""
+    """An admin client's metadata answers: every topic and its partitions (list_topics), or the topics
+    named (describe_topics); how often it was asked, and what was named."""
 
     def __init__(self, topics: dict[str, list[int]]) -> None:
         self.topics = topics
         self.asked = 0
-        self.requests: list[str | None] = []
+        self.described: list[list[str]] = []
 
-    def list_topics(self, topic: str | None = None, timeout: float = 0) -> Any:
+    def list_topics(self, timeout: float) -> Any:
         self.asked += 1
-        self.requests.append(topic)
-        if topic is not None and topic not in self.topics:
-            unknown = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-            return SimpleNamespace(topics={topic: SimpleNamespace(partitions={}, error=unknown)})
-        named = self.topics if topic is None else {topic: self.topics[topic]}
         return SimpleNamespace(
-            topics={t: SimpleNamespace(partitions=dict.fromkeys(ps), error=None) for t, ps in named.items()}
+            topics={
+                t: SimpleNamespace(partitions=dict.fromkeys(ps), error=None) for t, ps in self.topics.items()
+            }
         )
+
+    def describe_topics(self, topics: TopicCollection, request_timeout: float) -> dict[str, _Described]:
+        self.asked += 1
+        self.described.append(list(topics.topic_names))
+        return {t: _Described(self.topics.get(t)) for t in topics.topic_names}
 
 
 class _Listed(RangeReader):
@@ -211,16 +225,16 @@ def test_a_topic_created_is_planned_once_the_partitions_known_are_older_than_the
 
 
 def test_a_source_of_named_topics_asks_for_those_only_and_drops_one_that_is_gone() -> None:
-    """Not the whole cluster's metadata (thousands of topics on a shared cluster) every few seconds;
-    a listed topic deleted meanwhile is answered as unknown (not created: NO_AUTO_CREATE) and planned
-    no further."""
+    """Not the whole cluster's metadata (thousands of topics on a shared cluster) every few seconds,
+    but the topics listed, in one request; one deleted meanwhile is answered as unknown (not created:
+    NO_AUTO_CREATE) and planned no further."""
     source = _Listed(RangePlan(client={}, topics=["a", "b"]), _Cluster({"a": [0], "b": [0, 1], "z": [0]}))
     assert offsets_from_json(source.latestOffset()) == {"a": {0: 100}, "b": {0: 100, 1: 100}}
-    assert source.cluster.requests == ["a", "b"]
+    assert source.cluster.described == [["a", "b"]]
 
     del source.cluster.topics["b"]
     end = offsets_from_json(source.latestOffset())
-    assert source.cluster.requests == ["a", "b", "a", "b"]  # the end offsets of "b" failed: asked again
+    assert source.cluster.described == [["a", "b"]] * 2  # the end offsets of "b" failed: asked again
     assert end["a"] == {0: 100} and "b" not in source._partitions()
 
 
