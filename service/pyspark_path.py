@@ -5,8 +5,9 @@ Spark starts each Python process of a session (the workers' daemon, the Python d
 planner and readers, the streaming source's runner) with ``$SPARK_HOME/python/lib/pyspark.zip`` and
 py4j's zip at the head of ``PYTHONPATH``. With pip's pyspark, ``$SPARK_HOME`` is the installed package
 itself, so those zips are copies of the very code installed beside them, and a zip importer compiles
-every module it loads from source, every time (it keeps no bytecode): importing ``pyspark.sql`` takes
-~1.9 CPU-seconds from the zip against ~0.7 from site-packages' compiled files, in every such process,
+every module it loads from source, every time (it keeps no bytecode): importing ``pyspark.sql`` and
+the worker's and the stream runner's modules takes ~1.9 CPU-seconds from the zip against ~0.7 from
+site-packages' compiled files, in every such process,
 and each worker's ``importlib.invalidate_caches()`` before a task reads the zip's directory again.
 A sink starts several of them per streaming query: see docs/performance.md.
 

@@ -31,6 +31,8 @@ def partitions(admin: Any, topics: list[str] | None, timeout_s: float) -> dict[s
             t: sorted(info.partitions) for t, info in listed.items() if info.error is None and info.partitions
         }
     found: dict[str, list[int]] = {}
+    if not topics:  # (a describe request must name one)
+        return found
     futures = admin.describe_topics(TopicCollection(list(topics)), request_timeout=timeout_s)
     for topic, future in futures.items():
         try:
