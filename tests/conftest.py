@@ -169,6 +169,10 @@ def stack() -> Stack:
     env = load_stack_env()
     # Local servers only: never send loopback requests through a proxy from the environment.
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    # The GCS emulator's bearer token (any: it checks none), named in catalogs as
+    # ${ICESINK_TEST_GCS_TOKEN}. Set once for the session, not by each test: a change of the pytest
+    # process's environment starts the sink host again (tests/sink/host.py), twice a test.
+    os.environ.setdefault("ICESINK_TEST_GCS_TOKEN", "emulator-token")
     result = Stack(
         kafka_bootstrap=env["ICESINK_KAFKA_BOOTSTRAP"],
         pg_dsn=env["ICESINK_PG_DSN"],

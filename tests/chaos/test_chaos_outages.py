@@ -341,7 +341,7 @@ def _on_store(store: str, request: Any, stack: Any, name: str) -> tuple[dict[str
 
 @pytest.mark.parametrize("store", ["gcs", "azurite"])
 def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothing(
-    make_sink: Any, spark: Any, stack: Any, unique_name: Any, monkeypatch: Any, request: Any, store: str
+    make_sink: Any, spark: Any, stack: Any, unique_name: Any, request: Any, store: str
 ) -> None:
     """Tables on Google Cloud Storage or Azure Blob Storage (the stack's emulators), the emulator stopped
     as S3 is above: a commit, its data files written, waits for the txnlog row the test holds, which is
@@ -350,7 +350,6 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
     commit waits; on Azure pyarrow aborts the process (SIGABRT, the Azure SDK's error naming the store),
     which is restarted as a Deployment would; any other exit fails the test.
     Nothing lost or doubled, by pyiceberg and Spark."""
-    monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
     catalog, outage = _on_store(store, request, stack, unique_name(f"{store}out"))
     sink: Sink = make_sink(
         catalog=catalog,

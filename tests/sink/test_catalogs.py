@@ -176,12 +176,11 @@ def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:
 
 
 def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any, monkeypatch: Any
+    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any
 ) -> None:
     """Tables on Google Cloud Storage (the stack's emulator): pyarrow's GCS client writes them for the
     sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
     name = unique_name("gcscat")
-    monkeypatch.setenv("ICESINK_TEST_GCS_TOKEN", "emulator-token")
     sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
     _lands_survives_a_kill_and_is_maintained(sink, spark, on_s3=False)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
