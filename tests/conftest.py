@@ -171,7 +171,8 @@ def stack() -> Stack:
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
     # The GCS emulator's bearer token (any: it checks none), named in catalogs as
     # ${ICESINK_TEST_GCS_TOKEN}. Set once for the session, not by each test: a change of the pytest
-    # process's environment starts the sink host again (tests/sink/host.py), twice a test.
+    # process's environment starts the sink host again (tests/sink/host.py), when a test sets the
+    # variable and again when it is unset.
     os.environ.setdefault("ICESINK_TEST_GCS_TOKEN", "emulator-token")
     result = Stack(
         kafka_bootstrap=env["ICESINK_KAFKA_BOOTSTRAP"],
