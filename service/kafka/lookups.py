@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient
 
 from service.config import KafkaConfig
+from service.kafka import metadata
 from service.kafka.metadata import NO_AUTO_CREATE
 from service.model.offsets import Offsets
 
@@ -117,32 +118,19 @@ def admin(kafka: KafkaConfig) -> AdminClient:
 def partitions(kafka: KafkaConfig, timeout_s: float = 15.0) -> dict[str, list[int]]:
     """The partitions of every topic the sink reads: those listed (each must exist), or every topic
     the pattern matches now (none is fine: topics created later are read when they appear)."""
-    client = consumer(kafka)
+    named = None if kafka.topic_pattern is not None else kafka.topics
     try:
-        if kafka.topic_pattern is not None:
-            try:
-                meta = client.list_topics(timeout=timeout_s)
-            except KafkaException as exc:
-                raise SourceError(f"Kafka at {kafka.bootstrap_servers} did not answer: {exc}") from None
-            return {
-                name: sorted(info.partitions)
-                for name, info in sorted(meta.topics.items())
-                if kafka.reads(name) and not name.startswith("__") and info.error is None and info.partitions
-            }
-        result: dict[str, list[int]] = {}
-        for topic in kafka.topics:
-            try:
-                meta = client.list_topics(topic, timeout=timeout_s)
-            except KafkaException as exc:
-                raise SourceError(f"Kafka at {kafka.bootstrap_servers} did not answer: {exc}") from None
-            info = meta.topics.get(topic)
-            if info is None or info.error is not None or not info.partitions:
-                reason = info.error if info is not None and info.error is not None else "no partitions"
-                raise SourceError(f"Kafka topic {topic!r} is not available ({reason})")
-            result[topic] = sorted(info.partitions)
-        return result
-    finally:
-        client.close()
+        found = metadata.partitions(admin(kafka), named, timeout_s)
+    except KafkaException as exc:
+        raise SourceError(f"Kafka at {kafka.bootstrap_servers} did not answer: {exc}") from None
+    if named is None:
+        return {
+            name: ps for name, ps in sorted(found.items()) if kafka.reads(name) and not name.startswith("__")
+        }
+    for topic in named:
+        if topic not in found:
+            raise SourceError(f"Kafka topic {topic!r} is not available (unknown topic or no partitions)")
+    return found
 
 
 def topic_ids(client: AdminClient, topics: list[str], timeout_s: float = 15.0) -> dict[str, str]:
@@ -232,11 +220,7 @@ def peek(
     client = consumer(kafka, "peek")
     found = Peek()
     try:
-        parts = {}
-        for topic in topics:  # a request each: the topic's metadata, not the whole cluster's
-            info = client.list_topics(topic, timeout=timeout_s).topics.get(topic)
-            if info is not None and info.error is None:
-                parts[topic] = sorted(info.partitions)
+        parts = metadata.partitions(admin(kafka), topics, timeout_s)
         ends = {tp: high for tp, (low, high) in watermarks(client, parts, timeout_s).items() if high > low}
         if not ends:
             return found

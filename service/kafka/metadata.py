@@ -41,6 +41,10 @@ def partitions(admin: Any, topics: list[str] | None, timeout_s: float) -> dict[s
             if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 continue
             raise
+        except TimeoutError:  # the future's own wait: no broker answered (the callers catch one type)
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, f"no answer describing {topic!r} within {timeout_s} s")
+            ) from None
         if described.partitions:
             found[topic] = sorted(p.id for p in described.partitions)
     return found

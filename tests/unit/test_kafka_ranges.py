@@ -10,6 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import OffsetSpec
 
+from service.kafka import metadata
 from service.kafka import stream_source as ranges
 from service.kafka.stream_source import RangePlan, RangeReader, cap, waits
 from service.model.offsets import Offsets, offsets_from_json
@@ -245,3 +246,23 @@ def test_a_failure_other_than_a_gone_topic_is_not_asked_again() -> None:
     with pytest.raises(KafkaException, match="timed out"):
         source.latestOffset()
     assert source.cluster.asked == 1
+
+
+class _Silent:
+    """A describe_topics answer from a cluster that never answers: the future's wait runs out."""
+
+    def describe_topics(self, topics: TopicCollection, request_timeout: float) -> dict[str, Any]:
+        class Unanswered:
+            def result(self, timeout: float) -> Any:
+                raise TimeoutError
+
+        return {t: Unanswered() for t in topics.topic_names}
+
+
+def test_a_cluster_that_never_answers_a_describe_is_named_as_not_answering() -> None:
+    """The future's own timeout (not a KafkaException) becomes one, so every caller's single handler
+    names Kafka: here `icesink run`'s start-up refusal and the stream source's error."""
+    with pytest.raises(KafkaException) as raised:
+        metadata.partitions(_Silent(), ["a"], 0.1)
+    assert raised.value.args[0].code() == KafkaError._TIMED_OUT
+    assert "'a'" in str(raised.value)
