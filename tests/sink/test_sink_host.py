@@ -3,8 +3,11 @@ session answer as the sink process would, with its exit code and its log file or
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,3 +74,31 @@ def test_maintenance_passes_in_the_host_each_reach_their_own_sinks_catalog(
         (table,) = json.loads(done.stdout)["tables"]
         assert table["table"] == sink.table and table["failed"] == {}, table
         assert table["tasks"]["compact"]["files_rewritten"] >= 2, table
+
+
+def _kafka_threads(pid: int) -> list[str]:
+    """The librdkafka threads (``rdk:...``) of a process: one set for each Kafka client it holds."""
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            if name.startswith("rdk:"):
+                names.append(name)
+    return names
+
+
+def test_a_stopped_run_leaves_no_kafka_client_in_the_host(make_sink: Any) -> None:
+    """A run's job is let go when the run ends, as its process would have exited: the Kafka clients
+    the run held (their librdkafka threads) are gone from the host once the run has answered, not kept
+    by py4j for the callback the JVM had until the JVM collects its handle on it."""
+    sink: Sink = make_sink(keys=20)
+    sink.produce(40)
+    run = sink.start()
+    assert isinstance(run.process, HostedProcess)
+    run.wait_for_log("committed seq 1 to")
+    pid = host._host().pid()
+    during = _kafka_threads(pid)
+    assert during, "the running sink holds no Kafka client in the host: nothing to let go"
+    run.kill(signal.SIGTERM)
+    assert run.wait(120) == 0, run.log()[-3000:]
+    assert _kafka_threads(pid) == [], f"Kafka clients left in the host after the run (during it: {during})"
