@@ -56,6 +56,11 @@ def test_quiet_tables_are_held_across_batches_and_land_exactly_once_due(
     )
     sources = {n: SampleSource(keys=40, seed=i, table=n) for i, n in enumerate(["busy", "quiet", "calm"])}
     busy = f"{namespace}.busy"
+    # The topics exist before the sink starts: its first plan finds all three. A topic made later is
+    # planned when the source next asks the broker (up to 5 s: stream_source.PARTITIONS_MAX_AGE_S),
+    # and a quiet table's first rounds, made faster than that, would be read in one batch.
+    for name in sources:
+        ensure_topic(sink.bootstrap, f"{prefix}.{name}", 1)
 
     run = sink.start()
     try:
