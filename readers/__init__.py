@@ -146,6 +146,8 @@ def duckdb_connect(env: Mapping[str, str] | None = None, catalog: str = "cat") -
     The catalog is attached again at every call (``OR REPLACE``), so a connection reads the catalog as
     it is now, never what an earlier connection of the process saw; a connection still open under the
     same name then reads through the new one."""
+    import duckdb
+
     env = os.environ if env is None else env
     endpoint = env["ICESINK_S3_ENDPOINT"]
     s3 = {
@@ -155,13 +157,20 @@ def duckdb_connect(env: Mapping[str, str] | None = None, catalog: str = "cat") -
         "endpoint": endpoint.split("://", 1)[-1].rstrip("/"),
         "ssl": endpoint.startswith("https://"),
     }
-    con = _duckdb_database(tuple(s3.items())).cursor()
     rest_uri = env["ICESINK_REST_URI"].rstrip("/")
-    con.execute(
+    attach = (
         f"ATTACH OR REPLACE 'warehouse' AS {catalog} "
         f"(TYPE iceberg, ENDPOINT '{rest_uri}', AUTHORIZATION_TYPE 'none')"
     )
-    return con
+    try:
+        return _duckdb_database(tuple(s3.items())).cursor().execute(attach)
+    except duckdb.Error as exc:
+        # DuckDB invalidates a database after a fatal error in any of its connections: later reads of
+        # the process start from a new one, as each did before the database was shared.
+        if "invalidated" not in str(exc):
+            raise
+        _duckdb_database.cache_clear()
+        return _duckdb_database(tuple(s3.items())).cursor().execute(attach)
 
 
 def duckdb_rows(
