@@ -13,7 +13,8 @@ reseed/abandon, offsets reset), their output captured as ``subprocess.run`` capt
 
 What a run leaves in the process is put back after it: the signal handlers the CLI installs, the
 logging set-up, the fail points, Spark's cached data, the Spark settings it added (the maintainer's
-catalog, its default catalog) and the Iceberg catalogs Spark made of them (dropped, not closed).
+catalog, its default catalog), the Iceberg catalogs Spark made of them (dropped, not closed) and the
+py4j callbacks it registered (let go, and its job, Kafka clients included, with them).
 Everything the process, its JVM and its Spark Python workers write goes through one pipe, copied to
 the log file of the run in progress (the file a subprocess would have written), or to the host's own
 log between runs.
