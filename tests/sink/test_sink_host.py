@@ -90,8 +90,8 @@ def _kafka_threads(pid: int) -> list[str]:
 
 def test_a_stopped_run_leaves_no_kafka_client_in_the_host(make_sink: Any) -> None:
     """A run's job is let go when the run ends, as its process would have exited: the Kafka clients
-    the run held (their librdkafka threads) are gone from the host once the run has answered, not kept
-    by py4j for the callback the JVM had until the JVM collects its handle on it."""
+    the run held (their librdkafka threads) are gone from the host within seconds of its answer, not
+    kept by py4j for the callback the JVM had until the JVM collects its handle on it."""
     sink: Sink = make_sink(keys=20)
     sink.produce(40)
     run = sink.start()
