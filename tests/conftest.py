@@ -8,6 +8,10 @@ Sub-folders add their own fixtures in their own conftest.py files.
 
 from __future__ import annotations
 
+import base64
+import datetime
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 import pytest
 
@@ -329,6 +334,38 @@ def azurite(stack: Stack) -> dict[str, str]:
 
     _answering("azurite", "Azurite", env["ICESINK_AZURITE_AUTHORITY"], container)
     return props
+
+
+def azure_account_sas(account: str, key: str, *, hours: float = 12) -> str:
+    """An account SAS token for ``account``'s Blob service (which its Data Lake endpoint shares), every
+    resource type, read/add/create/write/delete/list, over HTTP too (the emulator's scheme), signed with
+    the base64 account ``key`` as Azure's "Create an account SAS" describes for version 2021-08-06.
+    Without a leading ``?``, as `az storage account generate-sas` prints it."""
+    expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=hours)
+    fields = {
+        "sv": "2021-08-06",
+        "ss": "b",
+        "srt": "sco",
+        "sp": "racwdl",
+        "se": expiry.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "spr": "https,http",
+    }
+    # account, permissions, services, resource types, start, expiry, IP range, protocols, version,
+    # encryption scope: each followed by a newline
+    signed = [account, fields["sp"], fields["ss"], fields["srt"], "", fields["se"], "", fields["spr"]]
+    to_sign = "\n".join([*signed, fields["sv"], ""]) + "\n"
+    digest = hmac.new(base64.b64decode(key), to_sign.encode(), hashlib.sha256).digest()
+    return urlencode({**fields, "sig": base64.b64encode(digest).decode()})
+
+
+@pytest.fixture(scope="session")
+def azurite_sas(azurite: dict[str, str]) -> dict[str, str]:
+    """:func:`azurite` authenticated by an account SAS token instead of the account key, the token named
+    as an environment variable (``${ICESINK_AZURE_SAS_TOKEN}``)."""
+    key = os.environ["ICESINK_AZURE_ACCOUNT_KEY"]  # set by azurite
+    os.environ.setdefault("ICESINK_AZURE_SAS_TOKEN", azure_account_sas(azurite["adls.account-name"], key))
+    props = {k: v for k, v in azurite.items() if k != "adls.account-key"}
+    return {**props, "adls.sas-token": "${ICESINK_AZURE_SAS_TOKEN}"}
 
 
 @pytest.fixture(scope="session")

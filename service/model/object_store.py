@@ -12,7 +12,8 @@ It also reads and writes ADLS locations in their canonical form,
 ``abfs[s]://<container>@<account>.dfs.core.windows.net/<path>`` (what Iceberg's Java ADLSFileIO and
 every other engine write): pyiceberg 0.12 hands pyarrow ``<container>@<account>...`` as the container
 (apache/iceberg-python#2698), while pyarrow's AzureFileSystem wants ``<container>/<path>`` and takes the
-account from ``adls.account-name``.
+account from ``adls.account-name``. An ADLS SAS token is handed to pyarrow with its leading ``?``,
+whichever form it was given in (below).
 
 Tables the sink opens use it through the catalog's ``py-io-impl`` property (a ``py-io-impl`` of the
 catalog's configuration wins), so the Spark tasks, which load the FileIO from the table's properties,
@@ -24,7 +25,7 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from pyarrow.fs import FileSystem, S3FileSystem
-from pyiceberg.io import ADLS_ACCOUNT_NAME, PY_IO_IMPL, S3_RETRY_STRATEGY_IMPL
+from pyiceberg.io import ADLS_ACCOUNT_NAME, ADLS_SAS_TOKEN, PY_IO_IMPL, S3_RETRY_STRATEGY_IMPL
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.typedef import EMPTY_DICT, Properties
 
@@ -33,6 +34,16 @@ AZURE_SCHEMES = ("abfs", "abfss", "wasb", "wasbs")
 
 
 class ObjectStoreIO(PyArrowFileIO):
+    def __init__(self, properties: Properties = EMPTY_DICT):
+        sas = properties.get(ADLS_SAS_TOKEN)
+        if sas and not sas.startswith("?"):
+            # pyarrow appends the token to its request URLs as it is: without the "?" the query becomes
+            # part of the path, and Azure answers "The specified resource name length is not within the
+            # permissible limits". `az storage account generate-sas` prints a token without it, the
+            # portal with it; Iceberg's ADLSFileIO (the maintainer's) takes either.
+            properties = {**properties, ADLS_SAS_TOKEN: f"?{sas}"}
+        super().__init__(properties)
+
     @staticmethod
     def parse_location(location: str, properties: Properties = EMPTY_DICT) -> tuple[str, str, str]:
         scheme, netloc, path = PyArrowFileIO.parse_location(location, properties)
