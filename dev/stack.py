@@ -6,7 +6,7 @@
     dev/stack status    one line per server: healthy/down, pid, address, log
     dev/stack down      stop the processes this script started (pid files), TERM then KILL
     dev/stack stop|start|restart SERVER...   one server at a time (postgres, s3, kafka, rest, connect,
-                        trino, registry, glue, gcs, azurite, nessie, hive, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
+                        trino, registry, glue, gcs, azurite, nessie, hive, hive3, spark-master, spark-worker-1, spark-worker-2), e.g. for outage tests; start waits for the same health check as up
     dev/stack env       print `export NAME=value` lines: eval "$(dev/stack env)"
     dev/stack logs [-n LINES]   the last lines of every server's log (what CI prints when the suite fails)
 
@@ -21,8 +21,8 @@ and a Google Cloud Storage emulator (fake-gcs-server built with `go install`, it
 and an Azure Blob Storage / ADLS emulator (Azurite from the npm registry, its well-known dev account)
 and a second Iceberg REST server, Nessie's (its runner jar from Maven Central, in memory, its warehouse
 on the S3 server)
-and a Hive metastore (the standalone metastore 4.0.0 from Maven Central with Hadoop's client jars, its
-database on the dev Postgres, its tables' locations on the S3 server)
+and two Hive metastores (the standalone metastore 4.0.0 and 3.1.3 from Maven Central with Hadoop's client
+jars, each its database on the dev Postgres, their tables' locations on the S3 server)
 and a Spark standalone cluster (a master and two 1-core workers from pyspark's own jars, started with a
 bare environment as cluster nodes have; spark.master: $ICESINK_SPARK_MASTER).
 Spark's extra jars are fetched too.
@@ -37,6 +37,7 @@ Environment knobs (all optional):
   ICESINK_TRINO_PORT=18080  ICESINK_REGISTRY_PORT=18085  ICESINK_REGISTRY_MANAGEMENT_PORT=18086
   ICESINK_GLUE_PORT=18087  ICESINK_GCS_PORT=18088  ICESINK_AZURITE_PORT=18089
   ICESINK_NESSIE_PORT=18095  ICESINK_NESSIE_MANAGEMENT_PORT=18096  ICESINK_HIVE_PORT=18097
+  ICESINK_HIVE3_PORT=18098
   ICESINK_SPARK_MASTER_PORT=17077  ICESINK_SPARK_MASTER_UI_PORT=18090  ICESINK_SPARK_WORKER_PORT=17078
   ICESINK_SPARK_WORKER_UI_PORT=18091 (worker n: these + n - 1)
   ICESINK_TRINO_JAVA_HOME  the JDK Trino runs on (24+; default: /usr/lib/jvm/temurin-25-jdk-amd64, else
@@ -72,7 +73,7 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -130,6 +131,7 @@ class Config:
         default_factory=lambda: _env_int("ICESINK_NESSIE_MANAGEMENT_PORT", 18096)
     )
     hive_port: int = field(default_factory=lambda: _env_int("ICESINK_HIVE_PORT", 18097))
+    hive3_port: int = field(default_factory=lambda: _env_int("ICESINK_HIVE3_PORT", 18098))
     # Azurite's one account and key, the same in every Azurite (published with it: not a secret).
     azure_account: str = "devstoreaccount1"
     azure_key: str = (
@@ -751,64 +753,118 @@ def nessie_health() -> str:
     return f"Nessie {NESSIE_VERSION}, warehouse {config.get('defaults', {}).get('warehouse')}"
 
 
-# ---- a Hive metastore: the standalone metastore's distribution from Maven Central, on the dev Postgres
-# (database hive_metastore), the tables' locations on the S3 server. 4.0.0, not 4.0.1: 4.0.1 dropped the
+# ---- Hive metastores: the standalone metastore's distribution from Maven Central, each on the dev Postgres
+# (a database of its own), the tables' locations on the S3 server. 4.0.0, not 4.0.1: 4.0.1 dropped the
 # Thrift call get_table, which pyiceberg 0.12 and Spark's built-in Hive 2.3 client (Iceberg's HiveCatalog
-# in the maintainer) still make.
+# in the maintainer) still make. 3.1.3 beside it: the 3.x line many clusters still run.
 
-HIVE_VERSION = "4.0.0"
-HIVE_HOME = CACHE / "hive" / f"metastore-{HIVE_VERSION}"
-HIVE_DB = "hive_metastore"
-HIVE_WAREHOUSE = "hive"  # the S3 bucket's folder a namespace without a location goes to
 HIVE_MAIN = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 
 
-def hive_installed() -> bool:
-    return stamp_ok(HIVE_HOME / ".stamp", sha256_text(HIVE_VERSION)) and maven_fetched("hive-hadoop")
+@dataclass(frozen=True)
+class HiveMetastore:
+    """One release of Hive's standalone metastore as a server of the stack (``service``)."""
+
+    service: str
+    version: str
+    artifact: str  # its binary distribution: <artifact>-<version>-bin.tar.gz
+    schema_tool: str  # the class of its schematool
+    port: int
+    db: str
+    warehouse: str  # the S3 bucket's folder a namespace without a location goes to
+    # Settings a release needs beyond the common ones (_hive_site).
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def home(self) -> Path:
+        return CACHE / "hive" / f"metastore-{self.version}"
+
+    @property
+    def run(self) -> Path:
+        return RUN / self.service
+
+    @property
+    def marker(self) -> str:
+        """Its command line's mark: its jars' directory (both releases run the same main class)."""
+        return f"metastore-{self.version}{os.sep}lib"
 
 
-def hive_install() -> Path:
-    """Unpack ``hive-standalone-metastore-server:<version>:tar.gz:bin``'s jars and its Postgres schema
-    scripts; the Hadoop jars it needs come from dev/maven/hive-hadoop (fetched with the other modules)."""
-    if stamp_ok(HIVE_HOME / ".stamp", sha256_text(HIVE_VERSION)):
-        return HIVE_HOME
-    coordinate = f"org.apache.hive:hive-standalone-metastore-server:{HIVE_VERSION}:tar.gz:bin"
+HIVE = HiveMetastore(
+    "hive",
+    "4.0.0",
+    "hive-standalone-metastore-server",
+    "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool",
+    CFG.hive_port,
+    "hive_metastore",
+    "hive",
+)
+HIVE3 = HiveMetastore(
+    "hive3",
+    "3.1.3",
+    "hive-standalone-metastore",
+    "org.apache.hadoop.hive.metastore.tools.MetastoreSchemaTool",
+    CFG.hive3_port,
+    "hive3_metastore",
+    "hive3",
+    {
+        # 3.x's defaults name classes of hive-exec, which its standalone distribution does not ship: the
+        # metastore would refuse to start ("... class not found").
+        "metastore.expression.proxy": "org.apache.hadoop.hive.metastore.DefaultPartitionExpressionProxy",
+        "metastore.task.threads.always": "org.apache.hadoop.hive.metastore.events.EventCleanerTask,"
+        "org.apache.hadoop.hive.metastore.RuntimeStatsCleanerTask",
+        # 3.x puts a new database under the managed root, external tables or not (4.x: the external one).
+        "metastore.warehouse.dir": f"s3://{CFG.bucket}/hive3",
+    },
+)
+METASTORES = (HIVE, HIVE3)
+
+
+def hive_installed(ms: HiveMetastore) -> bool:
+    return stamp_ok(ms.home / ".stamp", sha256_text(ms.version)) and maven_fetched("hive-hadoop")
+
+
+def hive_install(ms: HiveMetastore) -> Path:
+    """Unpack ``<artifact>:<version>:tar.gz:bin``'s jars and its Postgres schema scripts; the Hadoop jars
+    it needs and Postgres's JDBC driver come from dev/maven/hive-hadoop (fetched with the other modules)."""
+    if stamp_ok(ms.home / ".stamp", sha256_text(ms.version)):
+        return ms.home
+    coordinate = f"org.apache.hive:{ms.artifact}:{ms.version}:tar.gz:bin"
     log(f"fetching {coordinate} with Maven")
     mvn(coordinate, f"{MAVEN_DEPENDENCY_PLUGIN}:get", f"-Dartifact={coordinate}", "-Dtransitive=false")
     archive = (
-        CACHE / "m2" / "org" / "apache" / "hive" / "hive-standalone-metastore-server" / HIVE_VERSION
-    ) / f"hive-standalone-metastore-server-{HIVE_VERSION}-bin.tar.gz"
-    tmp = HIVE_HOME.with_name(HIVE_HOME.name + ".tmp")
+        CACHE / "m2" / "org" / "apache" / "hive" / ms.artifact / ms.version
+    ) / f"{ms.artifact}-{ms.version}-bin.tar.gz"
+    tmp = ms.home.with_name(ms.home.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    log(f"unpacking the Hive metastore {HIVE_VERSION} into {HIVE_HOME}")
+    log(f"unpacking the Hive metastore {ms.version} into {ms.home}")
     keep = ("lib/", "scripts/metastore/upgrade/postgres/")
     with tarfile.open(archive) as tar:
         for member in tar:
             name = member.name.partition("/")[2]  # under apache-hive-metastore-<version>-bin/
             if member.isfile() and name.startswith(keep):
                 _unpack(name, tar.extractfile(member), tmp)
-    shutil.rmtree(HIVE_HOME, ignore_errors=True)
-    tmp.rename(HIVE_HOME)
-    (HIVE_HOME / ".stamp").write_text(sha256_text(HIVE_VERSION) + "\n")
-    return HIVE_HOME
+    shutil.rmtree(ms.home, ignore_errors=True)
+    tmp.rename(ms.home)
+    (ms.home / ".stamp").write_text(sha256_text(ms.version) + "\n")
+    return ms.home
 
 
-def _hive_site() -> Path:
+def _hive_site(ms: HiveMetastore) -> Path:
     """The metastore's configuration, in a file only this user reads (Postgres's password is in it);
     the S3 keys reach S3A through the environment, as the other servers' do."""
-    conf = RUN / "hive" / "conf"
+    conf = ms.run / "conf"
     conf.mkdir(parents=True, exist_ok=True)
     values = {
-        "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://{HOST}:{CFG.pg_port}/{HIVE_DB}",
+        "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://{HOST}:{CFG.pg_port}/{ms.db}",
         "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
         "javax.jdo.option.ConnectionUserName": CFG.pg_user,
         "javax.jdo.option.ConnectionPassword": CFG.pg_password,
         "metastore.thrift.bind.host": HOST,
-        "metastore.thrift.port": str(CFG.hive_port),
+        "metastore.thrift.port": str(ms.port),
         # s3:// (what pyiceberg and Iceberg write) through S3A. Iceberg's tables are external tables of
         # Hive's, which must lie outside its managed tables' root.
-        "metastore.warehouse.dir": f"s3://{CFG.bucket}/{HIVE_WAREHOUSE}-managed",
-        "metastore.warehouse.external.dir": f"s3://{CFG.bucket}/{HIVE_WAREHOUSE}",
+        "metastore.warehouse.dir": f"s3://{CFG.bucket}/{ms.warehouse}-managed",
+        "metastore.warehouse.external.dir": f"s3://{CFG.bucket}/{ms.warehouse}",
         "fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "fs.s3a.endpoint": CFG.s3_endpoint,
         "fs.s3a.endpoint.region": CFG.region,
@@ -820,6 +876,7 @@ def _hive_site() -> Path:
         "metastore.housekeeping.threads.on": "true",
         "metastore.txn.timeout": "20s",
         "metastore.acid.housekeeper.interval": "5s",
+        **ms.settings,
     }
     site = conf / "metastore-site.xml"
     site.touch(mode=0o600)
@@ -833,35 +890,35 @@ def _hive_site() -> Path:
     return conf
 
 
-def _hive_classpath(conf: Path) -> str:
+def _hive_classpath(ms: HiveMetastore, conf: Path) -> str:
     # The metastore's own jars before Hadoop's (the order its launcher uses: HADOOP_USER_CLASSPATH_FIRST).
-    return os.pathsep.join([str(conf), str(HIVE_HOME / "lib" / "*"), str(MAVEN_MODULES["hive-hadoop"] / "*")])
+    return os.pathsep.join([str(conf), str(ms.home / "lib" / "*"), str(MAVEN_MODULES["hive-hadoop"] / "*")])
 
 
-def hive_start() -> subprocess.Popen[bytes]:
+def hive_start(ms: HiveMetastore) -> subprocess.Popen[bytes]:
     """Creates its database and schema (Hive's schematool) the first time, then starts the metastore."""
-    if not hive_installed():
-        raise StackError("the Hive metastore is not installed: run dev/stack install")
-    conf = _hive_site()
+    if not hive_installed(ms):
+        raise StackError(f"the Hive metastore {ms.version} is not installed: run dev/stack install")
+    conf = _hive_site(ms)
     java = str(java_home() / "bin" / "java")
     env = {
         **os.environ,
-        "METASTORE_HOME": str(HIVE_HOME),  # where schematool finds its scripts
+        "METASTORE_HOME": str(ms.home),  # where schematool finds its scripts
         "AWS_ACCESS_KEY_ID": CFG.s3_access_key,
         "AWS_SECRET_ACCESS_KEY": CFG.s3_secret_key,
     }
-    if not _hive_schema_ready():
+    if not _hive_schema_ready(ms):
         # A schema without its version row is a schematool run cut short: start it again from nothing.
-        psql(f'DROP DATABASE IF EXISTS "{HIVE_DB}"')
-        psql(f'CREATE DATABASE "{HIVE_DB}"')
-        log(f"creating the Hive metastore's schema in database {HIVE_DB} (schematool)")
-        with SERVICES["hive"].log.open("ab") as out:
+        psql(f'DROP DATABASE IF EXISTS "{ms.db}"')
+        psql(f'CREATE DATABASE "{ms.db}"')
+        log(f"creating the Hive metastore's schema in database {ms.db} (schematool)")
+        with SERVICES[ms.service].log.open("ab") as out:
             res = subprocess.run(
                 [
                     java,
                     "-cp",
-                    _hive_classpath(conf),
-                    "org.apache.hadoop.hive.metastore.tools.schematool.MetastoreSchemaTool",
+                    _hive_classpath(ms, conf),
+                    ms.schema_tool,
                     "-initSchema",
                     "-dbType",
                     "postgres",
@@ -870,22 +927,23 @@ def hive_start() -> subprocess.Popen[bytes]:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=HIVE_HOME,
+                cwd=ms.home,
             )
-        if res.returncode != 0 or not _hive_schema_ready():
-            raise StackError(f"Hive's schematool failed (exit {res.returncode}): see {SERVICES['hive'].log}")
-    argv = [java, "-Xms64m", "-Xmx384m", *SERVER_JVM, "-cp", _hive_classpath(conf), HIVE_MAIN]
-    return spawn(SERVICES["hive"], argv, env=env, cwd=RUN / "hive")
+        if res.returncode != 0 or not _hive_schema_ready(ms):
+            log_path = SERVICES[ms.service].log
+            raise StackError(f"Hive's schematool failed (exit {res.returncode}): see {log_path}")
+    argv = [java, "-Xms64m", "-Xmx384m", *SERVER_JVM, "-cp", _hive_classpath(ms, conf), HIVE_MAIN]
+    return spawn(SERVICES[ms.service], argv, env=env, cwd=ms.run)
 
 
-def _hive_schema_ready() -> bool:
+def _hive_schema_ready(ms: HiveMetastore) -> bool:
     """The metastore's schema is whole: its database exists and holds the version row schematool
     writes last."""
-    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{HIVE_DB}'") != "1":
+    if psql(f"SELECT 1 FROM pg_database WHERE datname = '{ms.db}'") != "1":
         return False
-    if psql("SELECT to_regclass('public.\"VERSION\"') IS NOT NULL", db=HIVE_DB) != "t":
+    if psql("SELECT to_regclass('public.\"VERSION\"') IS NOT NULL", db=ms.db) != "t":
         return False
-    return psql('SELECT count(*) FROM "VERSION"', db=HIVE_DB) == "1"
+    return psql('SELECT count(*) FROM "VERSION"', db=ms.db) == "1"
 
 
 def _thrift_call(port: int, method: str) -> list[str]:
@@ -922,9 +980,9 @@ def _thrift_call(port: int, method: str) -> list[str]:
         return [string() for _ in range(count)]
 
 
-def hive_health() -> str:
-    databases = _thrift_call(CFG.hive_port, "get_all_databases")
-    return f"Hive metastore {HIVE_VERSION}, {len(databases)} database(s)"
+def hive_health(ms: HiveMetastore) -> str:
+    databases = _thrift_call(ms.port, "get_all_databases")
+    return f"Hive metastore {ms.version}, {len(databases)} database(s)"
 
 
 # ---- the schema registry: Apicurio Registry's Quarkus app from Maven Central (Java 21+: Temurin 25)
@@ -986,7 +1044,8 @@ def cmd_install(_: argparse.Namespace) -> int:
         registry_install()
         azurite_install()
         nessie_install()
-        hive_install()
+        for ms in METASTORES:
+            hive_install(ms)
     except BaseException:
         builds.cancel()
         raise
@@ -1982,7 +2041,16 @@ SERVICES: dict[str, Service] = {
     ),
     "azurite": Service("azurite", CFG.azurite_port, "azurite-blob", azurite_start, azurite_health),
     "nessie": Service("nessie", CFG.nessie_port, "nessie-quarkus", nessie_start, nessie_health),
-    "hive": Service("hive", CFG.hive_port, HIVE_MAIN, hive_start, hive_health),
+    **{
+        ms.service: Service(
+            ms.service,
+            ms.port,
+            ms.marker,
+            lambda ms=ms: hive_start(ms),  # type: ignore[misc]
+            lambda ms=ms: hive_health(ms),  # type: ignore[misc]
+        )
+        for ms in METASTORES
+    },
     "spark-master": Service(
         "spark-master", CFG.spark_master_port, "deploy.master.Master", spark_master_start, spark_master_health
     ),
@@ -2057,7 +2125,7 @@ def installed() -> bool:
         and gcs_installed()
         and azurite_installed()
         and nessie_installed()
-        and hive_installed()
+        and all(hive_installed(ms) for ms in METASTORES)
         and (MAVEN_MODULES["apicurio-converter"] / "icesink-converter-manifest.jar").exists()
     )
 
@@ -2101,6 +2169,7 @@ def cmd_up(_: argparse.Namespace) -> int:
         "azurite",
         "nessie",
         "hive",
+        "hive3",
         *SPARK_WORKER_NAMES,
     ]
     for name in later:
@@ -2170,6 +2239,7 @@ def cmd_down(_: argparse.Namespace) -> int:
     first = (
         *SPARK_WORKER_NAMES,
         "spark-master",
+        "hive3",
         "hive",
         "nessie",
         "azurite",
@@ -2234,6 +2304,7 @@ def cmd_env(_: argparse.Namespace) -> int:
         "ICESINK_AZURITE_AUTHORITY": f"{HOST}:{CFG.azurite_port}",
         "ICESINK_NESSIE_URI": f"http://{HOST}:{CFG.nessie_port}/iceberg",
         "ICESINK_HIVE_URI": f"thrift://{HOST}:{CFG.hive_port}",
+        "ICESINK_HIVE3_URI": f"thrift://{HOST}:{CFG.hive3_port}",
         "ICESINK_AZURE_ACCOUNT": CFG.azure_account,
         "ICESINK_AZURE_ACCOUNT_KEY": CFG.azure_key,
         "ICESINK_SPARK_MASTER": CFG.spark_master,

@@ -287,19 +287,31 @@ def nessie(stack: Stack) -> str:
     return uri
 
 
-@pytest.fixture(scope="session")
-def hive(stack: Stack) -> str:
-    """The stack's Hive metastore: its Thrift URI (its database on the stack's Postgres, a namespace's
-    default location under ``s3://warehouse/hive``)."""
-    uri = load_stack_env(("ICESINK_HIVE_URI",))["ICESINK_HIVE_URI"]
+def _metastore(server: str, variable: str, label: str) -> str:
+    """The Thrift URI (``variable``) of the stack's Hive metastore ``server``, once it lists databases."""
+    uri = load_stack_env((variable,))[variable]
 
     def databases() -> object:
         from pyiceberg.catalog.hive import HiveCatalog
 
         return HiveCatalog("probe", uri=uri).list_namespaces()
 
-    _answering("hive", "the Hive metastore", uri, databases)
+    _answering(server, label, uri, databases)
     return uri
+
+
+@pytest.fixture(scope="session")
+def hive(stack: Stack) -> str:
+    """The stack's Hive metastore 4.0.0: its Thrift URI (its database on the stack's Postgres, a
+    namespace's default location under ``s3://warehouse/hive``)."""
+    return _metastore("hive", "ICESINK_HIVE_URI", "the Hive metastore")
+
+
+@pytest.fixture(scope="session")
+def hive3(stack: Stack) -> str:
+    """The stack's Hive metastore 3.1.3: its Thrift URI (a namespace's default location under
+    ``s3://warehouse/hive3``)."""
+    return _metastore("hive3", "ICESINK_HIVE3_URI", "the Hive 3 metastore")
 
 
 @pytest.fixture(scope="session")

@@ -359,7 +359,7 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
         maintenance={"orphans": {"enabled": False}},
     )
     _a_commit_outlives_an_outage(sink, outage)
-    problems = read_everywhere(spark, sink, on_s3=False)
+    problems = read_everywhere(spark, sink)
     assert not problems, "\n".join(problems)
 
 

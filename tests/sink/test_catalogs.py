@@ -79,29 +79,44 @@ def _trino_properties(sink: Sink) -> dict[str, str]:
     }
 
 
-def read_everywhere(spark: Any, sink: Sink, *, on_s3: bool = True) -> list[str]:
-    """The table read through pyiceberg's catalog, through Spark's catalog of the same type and, when it
-    is on S3 (``on_s3``: they reach S3 here, not GCS or ADLS), by DuckDB from its current metadata and
-    by Trino through its catalog of the same type: what each reader found wrong."""
+def read_everywhere(spark: Any, sink: Sink) -> list[str]:
+    """The table read through pyiceberg's catalog and through Spark's catalog of the same type; by DuckDB
+    from its current metadata where DuckDB reaches the table's store here (S3, GCS: not an emulator's
+    ADLS), and by Trino through its catalog of the same type where Trino does (S3): what each reader
+    found wrong."""
     table = _catalog(sink).load_table(sink.table)
+    store = urlsplit(table.location()).scheme
     expected = sink.source.expected_rows()
     problems = [diff(expected, table.scan().to_arrow().to_pylist(), "pyiceberg")]
     rows = spark.table(f"{_spark_catalog(spark, sink)}.{sink.table}").collect()
     problems.append(diff(expected, [r.asDict() for r in rows], "spark"))
-    if not on_s3:
-        return [p for p in problems if p]
-    with trino_catalog(f"cat_{uuid.uuid4().hex[:8]}", _trino_properties(sink)) as trino:
-        problems.append(diff(expected, trino_rows(sink.table, catalog=trino), "trino"))
-    con = duckdb_connect()
-    try:
-        cursor = con.execute(f"SELECT * FROM iceberg_scan('{table.metadata_location}')")
-        names = [d[0] for d in cursor.description or []]
-        problems.append(
-            diff(expected, [dict(zip(names, r, strict=True)) for r in cursor.fetchall()], "duckdb")
-        )
-    finally:
-        con.close()
+    if store == "s3":
+        with trino_catalog(f"cat_{uuid.uuid4().hex[:8]}", _trino_properties(sink)) as trino:
+            problems.append(diff(expected, trino_rows(sink.table, catalog=trino), "trino"))
+    if store in ("s3", "gs"):
+        con = duckdb_connect()
+        try:
+            if store == "gs":
+                _duckdb_gcs_secret(con, parse_config(sink.config).catalog_properties)
+            cursor = con.execute(f"SELECT * FROM iceberg_scan('{table.metadata_location}')")
+            names = [d[0] for d in cursor.description or []]
+            problems.append(
+                diff(expected, [dict(zip(names, r, strict=True)) for r in cursor.fetchall()], "duckdb")
+            )
+        finally:
+            con.close()
     return [p for p in problems if p]
+
+
+def _duckdb_gcs_secret(con: Any, props: dict[str, Any]) -> None:
+    """DuckDB's secret for GCS from the catalog's pyiceberg properties: the bearer token
+    (``gcs.oauth2.token``) and, for an emulator or a private endpoint, ``gcs.service.host``."""
+    endpoint = urlsplit(props.get("gcs.service.host", "https://storage.googleapis.com"))
+    con.execute(
+        """CREATE OR REPLACE SECRET icesink_gcs (TYPE gcs, BEARER_TOKEN $token, ENDPOINT $endpoint,
+           URL_STYLE 'path', USE_SSL $ssl)""",
+        {"token": props["gcs.oauth2.token"], "endpoint": endpoint.netloc, "ssl": endpoint.scheme == "https"},
+    )
 
 
 def _s3(stack: Any) -> dict[str, str]:
@@ -163,6 +178,19 @@ def test_hive_metastore_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
     assert location.startswith("s3://warehouse/hive/"), location
 
 
+def test_hive_metastore_3_catalog_with_s3_lands_survives_a_kill_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, hive3: str, trino: str
+) -> None:
+    """A Hive metastore of the 3.x line (3.1.3) behind the same catalog type: pyiceberg's HiveCatalog
+    commits under its lock (a lock a killed sink held expires in its housekeeper), Spark's Hive 2.3
+    client compacts, Trino reads through its own metastore client."""
+    catalog = {"name": "hive3", "type": "hive", "uri": hive3, **_s3(stack)}
+    sink = make_sink(catalog=catalog, **_SINK)
+    _lands_survives_a_kill_and_is_maintained(sink, spark)
+    location = _catalog(sink).load_table(sink.table).location()
+    assert location.startswith("s3://warehouse/hive3/"), location
+
+
 def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:
     """A SQL catalog on the stack's Postgres whose warehouse is on the GCS emulator: a bearer token from
     ``$ICESINK_TEST_GCS_TOKEN`` (any: the emulator checks none), with the expiry pyarrow requires."""
@@ -185,7 +213,7 @@ def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
     sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
     name = unique_name("gcscat")
     sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
-    _lands_survives_a_kill_and_is_maintained(sink, spark, on_s3=False)
+    _lands_survives_a_kill_and_is_maintained(sink, spark)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
@@ -217,7 +245,7 @@ def test_sql_catalog_with_adls_lands_survives_a_kill_and_is_maintained(
     (pyarrow's Blob listing) runs instead, and must name every listed file as the table does."""
     catalog = adls_catalog(stack, azurite, unique_name("adlscat"))
     sink = make_sink(catalog=catalog, maintenance={"orphans": {"enabled": False}}, **_SINK)
-    _lands_survives_a_kill_and_is_maintained(sink, spark, on_s3=False)
+    _lands_survives_a_kill_and_is_maintained(sink, spark)
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(catalog["warehouse"] + "/") for f in files), files[:3]
     listing = sink.cli("orphans")
@@ -239,9 +267,9 @@ def test_sql_catalog_with_adls_and_a_sas_token_lands_and_is_maintained(
     sink = make_sink(catalog=catalog, maintenance={"orphans": {"enabled": False}}, **_SINK)
     sink.produce(300)
     sink.run_until_caught_up()
-    problems = read_everywhere(spark, sink, on_s3=False)
+    problems = read_everywhere(spark, sink)
     assert not problems, "\n".join(problems)
-    _is_maintained_exactly(sink, spark, on_s3=False)
+    _is_maintained_exactly(sink, spark)
 
 
 def test_check_refuses_an_adls_sas_token_signed_with_another_key(
@@ -270,7 +298,7 @@ _SINK: dict[str, Any] = {
 }
 
 
-def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, on_s3: bool = True) -> None:
+def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
     """Exact after a SIGKILL mid-workload and the resume, by every reader; then exact again after
     `icesink maintain --once` compacted the table through Spark's catalog of the same type."""
     sink.produce(300)
@@ -281,12 +309,12 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, *, on_s3: b
     last = sink.run_until_caught_up()
     if left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit: the next run finished that plan
         assert f"recovering sink {sink.name}: plan seq {left.seq} " in last.log(), last.log()[-4000:]
-    problems = read_everywhere(spark, sink, on_s3=on_s3)
+    problems = read_everywhere(spark, sink)
     assert not problems, "\n".join(problems)
-    _is_maintained_exactly(sink, spark, on_s3=on_s3)
+    _is_maintained_exactly(sink, spark)
 
 
-def _is_maintained_exactly(sink: Sink, spark: Any, *, on_s3: bool) -> None:
+def _is_maintained_exactly(sink: Sink, spark: Any) -> None:
     """`icesink maintain --once` compacts the table through Spark's catalog of the same type, and every
     reader still gets exactly the rows."""
     table = _catalog(sink).load_table(sink.table)
@@ -300,5 +328,5 @@ def _is_maintained_exactly(sink: Sink, spark: Any, *, on_s3: bool) -> None:
     assert "compact" in maintained["tasks"], maintained  # Spark's catalog reached the table
     files_after = len(_catalog(sink).load_table(sink.table).inspect.files())
     assert files_after < files_before, f"maintenance left {files_after} files of {files_before}"
-    problems = read_everywhere(spark, sink, on_s3=on_s3)
+    problems = read_everywhere(spark, sink)
     assert not problems, "after maintenance:\n" + "\n".join(problems)
