@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from tests.cluster import SparkCluster
+    from tests.google_oauth import GoogleTokenService
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -277,6 +278,19 @@ def gcs(stack: Stack) -> str:
     endpoint = load_stack_env(("ICESINK_GCS_ENDPOINT",))["ICESINK_GCS_ENDPOINT"].rstrip("/")
     _answering("gcs", "the GCS emulator", endpoint, lambda: _get(f"{endpoint}/storage/v1/b/warehouse"))
     return endpoint
+
+
+@pytest.fixture(scope="session")
+def gcs_service_account(gcs: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoogleTokenService]:
+    """A service account's JSON key (``key_file``) for clients that authenticate to the GCS emulator
+    with one, its ``token_uri`` at a stand-in for Google's token service (tests/google_oauth.py)."""
+    from tests.google_oauth import GoogleTokenService
+
+    service = GoogleTokenService()
+    token_uri = service.start()
+    service.write_key(tmp_path_factory.mktemp("gcs-key") / "service-account.json", token_uri, "icesink")
+    yield service
+    service.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -38,22 +39,32 @@ def _spark_catalog(spark: Any, sink: Sink) -> str:
     return name
 
 
-def _trino_properties(sink: Sink) -> dict[str, str]:
-    """The sink's catalog as a Trino Iceberg catalog of the same type, its warehouse on the stack's S3;
-    the secrets as Trino's ``${ENV:...}`` (dev/stack gives Trino the S3 keys and Postgres's password)."""
+def _trino_properties(sink: Sink, gcs_key: Path | None = None) -> dict[str, str]:
+    """The sink's catalog as a Trino Iceberg catalog of the same type, its warehouse on the stack's S3
+    or, with a service account's key (``gcs_key``: Trino's GCS file system takes no bare token), on the
+    GCS emulator; the secrets as Trino's ``${ENV:...}`` (dev/stack gives Trino the S3 keys and Postgres's
+    password)."""
     catalog = sink.config["catalog"]
-    s3 = {
-        "fs.native-s3.enabled": "true",
-        "s3.endpoint": catalog["s3.endpoint"],
-        "s3.region": catalog["s3.region"],
-        "s3.path-style-access": "true",
-        "s3.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
-        "s3.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
-    }
+    if gcs_key is not None:
+        store = {
+            "fs.native-gcs.enabled": "true",
+            "gcs.project-id": catalog["gcs.project-id"],
+            "gcs.endpoint": catalog["gcs.service.host"],
+            "gcs.json-key-file-path": str(gcs_key),
+        }
+    else:
+        store = {
+            "fs.native-s3.enabled": "true",
+            "s3.endpoint": catalog["s3.endpoint"],
+            "s3.region": catalog["s3.region"],
+            "s3.path-style-access": "true",
+            "s3.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
+            "s3.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
+        }
     if catalog["type"] == "rest":
-        return {"iceberg.catalog.type": "rest", "iceberg.rest-catalog.uri": catalog["uri"], **s3}
+        return {"iceberg.catalog.type": "rest", "iceberg.rest-catalog.uri": catalog["uri"], **store}
     if catalog["type"] == "hive":
-        return {"iceberg.catalog.type": "hive_metastore", "hive.metastore.uri": catalog["uri"], **s3}
+        return {"iceberg.catalog.type": "hive_metastore", "hive.metastore.uri": catalog["uri"], **store}
     if catalog["type"] == "glue":
         return {
             "iceberg.catalog.type": "glue",
@@ -61,7 +72,7 @@ def _trino_properties(sink: Sink) -> dict[str, str]:
             "hive.metastore.glue.endpoint-url": catalog["glue.endpoint"],
             "hive.metastore.glue.aws-access-key": "${ENV:AWS_ACCESS_KEY_ID}",
             "hive.metastore.glue.aws-secret-key": "${ENV:AWS_SECRET_ACCESS_KEY}",
-            **s3,
+            **store,
         }
     url = urlsplit(catalog["uri"])  # postgresql+psycopg://user:password@host:port/db
     assert catalog["type"] == "sql" and url.scheme.startswith("postgresql"), (
@@ -75,23 +86,23 @@ def _trino_properties(sink: Sink) -> dict[str, str]:
         "iceberg.jdbc-catalog.connection-user": unquote(url.username or ""),
         "iceberg.jdbc-catalog.connection-password": "${ENV:ICESINK_PG_PASSWORD}",
         "iceberg.jdbc-catalog.default-warehouse-dir": catalog["warehouse"],
-        **s3,
+        **store,
     }
 
 
-def read_everywhere(spark: Any, sink: Sink) -> list[str]:
+def read_everywhere(spark: Any, sink: Sink, gcs_key: Path | None = None) -> list[str]:
     """The table read through pyiceberg's catalog and through Spark's catalog of the same type; by DuckDB
     from its current metadata where DuckDB reaches the table's store here (S3, GCS: not an emulator's
-    ADLS), and by Trino through its catalog of the same type where Trino does (S3): what each reader
-    found wrong."""
+    ADLS), and by Trino through its catalog of the same type where Trino does (S3, and GCS with a
+    service account's key, ``gcs_key``): what each reader found wrong."""
     table = _catalog(sink).load_table(sink.table)
     store = urlsplit(table.location()).scheme
     expected = sink.source.expected_rows()
     problems = [diff(expected, table.scan().to_arrow().to_pylist(), "pyiceberg")]
     rows = spark.table(f"{_spark_catalog(spark, sink)}.{sink.table}").collect()
     problems.append(diff(expected, [r.asDict() for r in rows], "spark"))
-    if store == "s3":
-        with trino_catalog(f"cat_{uuid.uuid4().hex[:8]}", _trino_properties(sink)) as trino:
+    if store == "s3" or (store == "gs" and gcs_key is not None):
+        with trino_catalog(f"cat_{uuid.uuid4().hex[:8]}", _trino_properties(sink, gcs_key)) as trino:
             problems.append(diff(expected, trino_rows(sink.table, catalog=trino), "trino"))
     if store in ("s3", "gs"):
         con = duckdb_connect()
@@ -207,13 +218,16 @@ def gcs_catalog(stack: Any, gcs: str, name: str) -> dict[str, str]:
 
 
 def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, gcs: str, unique_name: Any
+    make_sink: Any, spark: Any, stack: Any, gcs: str, gcs_service_account: Any, unique_name: Any
 ) -> None:
     """Tables on Google Cloud Storage (the stack's emulator): pyarrow's GCS client writes them for the
-    sink, Iceberg's GCSFileIO for the maintainer and the Spark reader; both authenticate with a token."""
+    sink, Iceberg's GCSFileIO for the maintainer and the Spark reader, both given a token; DuckDB reads
+    them with the token, Trino with a service account's key (a token from the stand-in it names)."""
     name = unique_name("gcscat")
     sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
-    _lands_survives_a_kill_and_is_maintained(sink, spark)
+    issued = gcs_service_account.tokens_issued
+    _lands_survives_a_kill_and_is_maintained(sink, spark, gcs_service_account.key_file)
+    assert gcs_service_account.tokens_issued > issued, "Trino read without the service account's key"
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
@@ -298,7 +312,7 @@ _SINK: dict[str, Any] = {
 }
 
 
-def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
+def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any, gcs_key: Path | None = None) -> None:
     """Exact after a SIGKILL mid-workload and the resume, by every reader; then exact again after
     `icesink maintain --once` compacted the table through Spark's catalog of the same type."""
     sink.produce(300)
@@ -309,12 +323,12 @@ def _lands_survives_a_kill_and_is_maintained(sink: Sink, spark: Any) -> None:
     last = sink.run_until_caught_up()
     if left.phase is Phase.PRECOMMIT:  # the kill landed mid-commit: the next run finished that plan
         assert f"recovering sink {sink.name}: plan seq {left.seq} " in last.log(), last.log()[-4000:]
-    problems = read_everywhere(spark, sink)
+    problems = read_everywhere(spark, sink, gcs_key)
     assert not problems, "\n".join(problems)
-    _is_maintained_exactly(sink, spark)
+    _is_maintained_exactly(sink, spark, gcs_key)
 
 
-def _is_maintained_exactly(sink: Sink, spark: Any) -> None:
+def _is_maintained_exactly(sink: Sink, spark: Any, gcs_key: Path | None = None) -> None:
     """`icesink maintain --once` compacts the table through Spark's catalog of the same type, and every
     reader still gets exactly the rows."""
     table = _catalog(sink).load_table(sink.table)
@@ -328,5 +342,5 @@ def _is_maintained_exactly(sink: Sink, spark: Any) -> None:
     assert "compact" in maintained["tasks"], maintained  # Spark's catalog reached the table
     files_after = len(_catalog(sink).load_table(sink.table).inspect.files())
     assert files_after < files_before, f"maintenance left {files_after} files of {files_before}"
-    problems = read_everywhere(spark, sink)
+    problems = read_everywhere(spark, sink, gcs_key)
     assert not problems, "after maintenance:\n" + "\n".join(problems)
