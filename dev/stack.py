@@ -810,8 +810,13 @@ HIVE3 = HiveMetastore(
         # 3.x's defaults name classes of hive-exec, which its standalone distribution does not ship: the
         # metastore would refuse to start ("... class not found").
         "metastore.expression.proxy": "org.apache.hadoop.hive.metastore.DefaultPartitionExpressionProxy",
+        # The housekeeper that times out a dead committer's lock is one of 3.x's "remote" tasks, started
+        # only after the compactor's Initiator, also a hive-exec class: without it here, a lock a killed
+        # sink held would be kept for good. Every 5 s, as 4.x's above.
         "metastore.task.threads.always": "org.apache.hadoop.hive.metastore.events.EventCleanerTask,"
-        "org.apache.hadoop.hive.metastore.RuntimeStatsCleanerTask",
+        "org.apache.hadoop.hive.metastore.RuntimeStatsCleanerTask,"
+        "org.apache.hadoop.hive.metastore.txn.AcidHouseKeeperService",
+        "metastore.timedout.txn.reaper.interval": "5s",
         # 3.x puts a new database under the managed root, external tables or not (4.x: the external one).
         "metastore.warehouse.dir": f"s3://{CFG.bucket}/hive3",
     },
