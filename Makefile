@@ -57,6 +57,7 @@ lint:
 	.venv/bin/mypy --strict dev/stack.py dev/cpu_by_process.py
 	.venv/bin/mypy --explicit-package-bases tests/conftest.py readers/__init__.py tests/cdc.py tests/avro.py tests/smoke
 	.venv/bin/mypy --explicit-package-bases tests/ops
+	.venv/bin/mypy --explicit-package-bases bench tests/google_oauth.py tests/sink/conftest.py tests/sink/test_catalogs.py
 	shellcheck scripts/check-chart scripts/k8s-chaos.sh deploy/docker/*.sh
 
 demo: bootstrap

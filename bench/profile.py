@@ -46,6 +46,10 @@ class Phases:
         return wrapper
 
 
+def _label(text: str) -> Callable[[], str]:
+    return lambda: text
+
+
 def _caller(depth: int = 2) -> str:
     frame = sys._getframe(depth)
     while frame is not None and "pyspark" in frame.f_code.co_filename:
@@ -84,19 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(sink_config(stack, name, topic, f"{name}.t", args.mode, args.batch, 1, extra=extra))
 
     phases = Phases()
+    # The methods are wrapped in place, for this process only.
     DataFrame.collect = phases.timed(lambda: _caller(3), DataFrame.collect)  # type: ignore[method-assign]
-    RDD.collect = phases.timed(lambda: _caller(3), RDD.collect)  # type: ignore[method-assign]
+    RDD.collect = phases.timed(lambda: _caller(3), RDD.collect)
     DataFrameWriter.save = phases.timed(lambda: _caller(3), DataFrameWriter.save)  # type: ignore[method-assign]
-    Committer.commit = phases.timed(
-        lambda: "commit: txnlog precommit, Iceberg snapshot, txnlog commit", Committer.commit
-    )  # type: ignore[method-assign]
+    commit = "commit: txnlog precommit, Iceberg snapshot, txnlog commit"
+    Committer.commit = phases.timed(lambda: commit, Committer.commit)  # type: ignore[method-assign]
     import service.pipeline.table as table_module
 
     for fn in ("decode", "latest_per_key"):  # building (and analysing) the batch's query plan
         setattr(
-            table_module,
-            fn,
-            phases.timed(lambda fn=fn: f"driver: build the {fn} plan", getattr(table_module, fn)),
+            table_module, fn, phases.timed(_label(f"driver: build the {fn} plan"), getattr(table_module, fn))
         )
     import service.data.arrow_job as arrow_module
 
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bounds.append((started, time.monotonic()))
 
-    job._on_batch = on_batch  # type: ignore[method-assign]
+    job._on_batch = on_batch  # type: ignore[method-assign, assignment]
     started = time.monotonic()
     job.run(until_caught_up=True)
     total = time.monotonic() - started

@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session(stack)
     ranges = batch_ranges({topic: {0: 0, 1: 0}}, {topic: ends}, lambda _: {})
     batch = KafkaRecords.of_ranges(spark, ranges, client, args.chunk)
+    if batch.read is None:
+        raise SystemExit("KafkaRecords.of_ranges gave no task-side reader")
+    read = batch.read
     options: dict[str, Callable[[], list[Any]]] = {
         "spark-source": lambda: (
             spark.read.format("kafka")
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "tasks": lambda: (
             spark.sparkContext.parallelize(list(batch.ranges or ()), 2)
-            .mapPartitions(partial(_read_and_count, batch.read))
+            .mapPartitions(partial(_read_and_count, read))
             .collect()
         ),
         "tasks-via-jvm": lambda: batch.rows.mapInArrow(_count, COUNT_SCHEMA).collect(),

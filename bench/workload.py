@@ -269,11 +269,11 @@ def record_times(bootstrap: str, topic: str, timeout_s: float = 120) -> dict[int
         deadline = time.monotonic() + timeout_s
         while remaining and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=10_000, timeout=1):
-                if msg.error():
+                p, offset = msg.partition(), msg.offset()
+                if msg.error() or p is None or offset is None:
                     continue
-                p = msg.partition()
-                out[p].append((msg.offset(), msg.timestamp()[1] / 1000.0))
-                if msg.offset() + 1 >= ends[p]:
+                out[p].append((offset, msg.timestamp()[1] / 1000.0))
+                if offset + 1 >= ends[p]:
                     remaining.discard(p)
         return out
     finally:

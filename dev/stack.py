@@ -53,6 +53,7 @@ import argparse
 import base64
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import http.client
@@ -854,11 +855,9 @@ def hive_install(ms: HiveMetastore) -> Path:
     return ms.home
 
 
-def _hive_site(ms: HiveMetastore) -> Path:
-    """The metastore's configuration, in a file only this user reads (Postgres's password is in it);
-    the S3 keys reach S3A through the environment, as the other servers' do."""
-    conf = ms.run / "conf"
-    conf.mkdir(parents=True, exist_ok=True)
+def _hive_site_text(ms: HiveMetastore) -> str:
+    """The metastore's configuration (metastore-site.xml); the S3 keys reach S3A through the
+    environment, as the other servers' do."""
     values = {
         "javax.jdo.option.ConnectionURL": f"jdbc:postgresql://{HOST}:{CFG.pg_port}/{ms.db}",
         "javax.jdo.option.ConnectionDriverName": "org.postgresql.Driver",
@@ -883,16 +882,32 @@ def _hive_site(ms: HiveMetastore) -> Path:
         "metastore.acid.housekeeper.interval": "5s",
         **ms.settings,
     }
-    site = conf / "metastore-site.xml"
-    site.touch(mode=0o600)
-    site.write_text(
+    return (
         "<configuration>\n"
         + "".join(
             f"  <property><name>{k}</name><value>{escape(v)}</value></property>\n" for k, v in values.items()
         )
         + "</configuration>\n"
     )
+
+
+def _hive_site(ms: HiveMetastore) -> Path:
+    """Its configuration's directory, the file written in it for this user only (Postgres's password
+    is in it)."""
+    conf = ms.run / "conf"
+    conf.mkdir(parents=True, exist_ok=True)
+    site = conf / "metastore-site.xml"
+    site.touch(mode=0o600)
+    site.write_text(_hive_site_text(ms))
     return conf
+
+
+def hive_stale(ms: HiveMetastore) -> str | None:
+    """A metastore started with another configuration than hive_start writes now."""
+    site = ms.run / "conf" / "metastore-site.xml"
+    if site.exists() and site.read_text() == _hive_site_text(ms):
+        return None
+    return f"its configuration changed ({site})"
 
 
 def _hive_classpath(ms: HiveMetastore, conf: Path) -> str:
@@ -2051,8 +2066,9 @@ SERVICES: dict[str, Service] = {
             ms.service,
             ms.port,
             ms.marker,
-            lambda ms=ms: hive_start(ms),  # type: ignore[misc]
-            lambda ms=ms: hive_health(ms),  # type: ignore[misc]
+            functools.partial(hive_start, ms),
+            functools.partial(hive_health, ms),
+            stale=functools.partial(hive_stale, ms),
         )
         for ms in METASTORES
     },

@@ -387,11 +387,11 @@ def azure_account_sas(account: str, key: str, *, hours: float = 12) -> str:
 @pytest.fixture(scope="session")
 def azurite_sas(azurite: dict[str, str]) -> dict[str, str]:
     """:func:`azurite` authenticated by an account SAS token instead of the account key, the token named
-    as an environment variable (``${ICESINK_AZURE_SAS_TOKEN}``)."""
+    as an environment variable of the tests' own (``${ICESINK_TEST_AZURE_SAS_TOKEN}``)."""
     key = os.environ["ICESINK_AZURE_ACCOUNT_KEY"]  # set by azurite
-    os.environ.setdefault("ICESINK_AZURE_SAS_TOKEN", azure_account_sas(azurite["adls.account-name"], key))
+    os.environ["ICESINK_TEST_AZURE_SAS_TOKEN"] = azure_account_sas(azurite["adls.account-name"], key)
     props = {k: v for k, v in azurite.items() if k != "adls.account-key"}
-    return {**props, "adls.sas-token": "${ICESINK_AZURE_SAS_TOKEN}"}
+    return {**props, "adls.sas-token": "${ICESINK_TEST_AZURE_SAS_TOKEN}"}
 
 
 @pytest.fixture(scope="session")

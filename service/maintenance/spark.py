@@ -110,8 +110,8 @@ def _adls(props: dict[str, Any]) -> dict[str, str]:
     if isinstance(key := props.get("adls.account-key"), str):
         conf["adls.auth.shared-key.account.name"] = account
         conf["adls.auth.shared-key.account.key"] = key
-    if isinstance(sas := props.get("adls.sas-token"), str):
-        conf.update({f"adls.sas-token.{host}": sas for host in hosts})
+    if isinstance(sas := props.get("adls.sas-token"), str):  # without the "?" (pyarrow's wants it)
+        conf.update({f"adls.sas-token.{host}": sas.removeprefix("?") for host in hosts})
     authority = props.get("adls.dfs-storage-authority") or props.get("adls.blob-storage-authority")
     if isinstance(authority, str):
         scheme = props.get("adls.dfs-storage-scheme") or props.get("adls.blob-storage-scheme") or "https"

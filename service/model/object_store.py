@@ -40,7 +40,7 @@ class ObjectStoreIO(PyArrowFileIO):
             # pyarrow appends the token to its request URLs as it is: without the "?" the query becomes
             # part of the path, and Azure answers "The specified resource name length is not within the
             # permissible limits". `az storage account generate-sas` prints a token without it, the
-            # portal with it; Iceberg's ADLSFileIO (the maintainer's) takes either.
+            # portal with it; the maintainer's ADLSFileIO is given it without (maintenance/spark.py).
             properties = {**properties, ADLS_SAS_TOKEN: f"?{sas}"}
         super().__init__(properties)
 

@@ -130,7 +130,7 @@ def stop_gracefully(run: SinkRun, timeout: float = 240) -> None:
     """SIGTERM to the sink's own process, as Kubernetes or Docker send it to the container's main
     process (not to the whole group: the JVM would die under the batch in flight)."""
     if run.process.poll() is None:
-        os.kill(run.process.pid, signal.SIGTERM)
+        run.process.send_signal(signal.SIGTERM)  # a process's or a hosted run's
     code = run.wait(timeout)
     assert code == 0, f"graceful stop exited {code}:\n{run.log()[-3000:]}"
     assert "stop requested" in run.log()

@@ -349,7 +349,7 @@ def test_an_object_store_outage_while_a_commit_writes_its_manifests_loses_nothin
     the outage), and lands after: pyarrow's GCS client retries a request for up to 15 minutes, so the
     commit waits; on Azure pyarrow aborts the process (SIGABRT, the Azure SDK's error naming the store),
     which is restarted as a Deployment would; any other exit fails the test.
-    Nothing lost or doubled, by pyiceberg and Spark."""
+    Nothing lost or doubled, by pyiceberg and Spark (and DuckDB on GCS)."""
     catalog, outage = _on_store(store, request, stack, unique_name(f"{store}out"))
     sink: Sink = make_sink(
         catalog=catalog,

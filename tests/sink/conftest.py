@@ -151,8 +151,10 @@ class Sink:
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True})
         for key, value in records:
-            extra = {} if partition is None else {"partition": partition}
-            producer.produce(self.topic, key=key, value=value, on_delivery=delivered, **extra)
+            if partition is None:
+                producer.produce(self.topic, key=key, value=value, on_delivery=delivered)
+            else:
+                producer.produce(self.topic, key=key, value=value, on_delivery=delivered, partition=partition)
         assert producer.flush(30) == 0
         return landed
 

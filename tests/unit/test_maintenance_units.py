@@ -450,3 +450,15 @@ def test_a_table_with_gc_disabled_is_never_expired_nor_cleaned_of_orphans() -> N
     for task in (ExpireSnapshots(), RemoveOrphans()):
         assert task.due(old, settings, True, NOW) is not None
         assert task.due(kept, settings, True, NOW) is None
+
+
+def test_a_sas_token_reaches_adls_file_io_without_its_question_mark() -> None:
+    adls = {
+        "type": "sql",
+        "uri": "postgresql+psycopg://u@h/db",
+        "warehouse": "abfss://lake@acct.dfs.core.windows.net/wh",
+        "adls.account-name": "acct",
+        "adls.sas-token": "?sv=1&sig=x",
+    }
+    conf = catalog_conf(parse_config(with_(catalog={"name": "lake", **adls}), env={}), "lake")
+    assert conf["spark.sql.catalog.lake.adls.sas-token.acct.dfs.core.windows.net"] == "sv=1&sig=x"
