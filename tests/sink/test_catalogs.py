@@ -235,6 +235,40 @@ def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
 
+def test_sql_catalog_with_gcs_and_application_default_credentials_lands_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, gcs: str, gcs_service_account: Any, unique_name: Any
+) -> None:
+    """No token in the configuration: Google's application-default credentials, a service account's key
+    that ``GOOGLE_APPLICATION_CREDENTIALS`` names, for the sink (pyarrow's GCS client sends a JWT it signs
+    with the key) and the maintainer (Iceberg's GCSFileIO trades the key for a token at its ``token_uri``,
+    the stand-in). Both reach the emulator through a check that refuses any request the key did not
+    authenticate; the readers then read the table with a token, straight from the emulator."""
+    from tests.google_oauth import GcsCredentialCheck
+
+    check = GcsCredentialCheck(gcs, gcs_service_account)
+    endpoint = check.start()
+    env = {"GOOGLE_APPLICATION_CREDENTIALS": str(gcs_service_account.key_file)}
+    direct = gcs_catalog(stack, gcs, unique_name("gcsadc"))
+    adc = {k: v for k, v in direct.items() if not k.startswith("gcs.oauth2.")} | {
+        "gcs.service.host": endpoint
+    }
+    sink = make_sink(catalog=adc, **_SINK)
+    try:
+        sink.produce(300)
+        sink.run_until_caught_up(env=env)
+        assert check.self_signed > 0 and check.refused == 0, vars(check)
+        done = sink.cli("maintain", "--once", env=env, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+        (maintained,) = json.loads(done.stdout)["tables"]
+        assert maintained["failed"] == {} and "compact" in maintained["tasks"], maintained
+        assert check.exchanged > 0 and check.refused == 0, vars(check)
+    finally:
+        check.stop()
+    sink.config["catalog"] = direct
+    problems = read_everywhere(spark, sink)
+    assert not problems, "\n".join(problems)
+
+
 def adls_catalog(stack: Any, azurite: dict[str, str], name: str) -> dict[str, str]:
     """A SQL catalog on the stack's Postgres whose warehouse is on Azurite, at the canonical abfs://
     location; icesink's FileIO named for the test's pyiceberg reader (the sink's default already)."""
