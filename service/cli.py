@@ -75,7 +75,7 @@ def _status(config: SinkConfig, args: argparse.Namespace) -> int:
 def _check(config: SinkConfig, args: argparse.Namespace) -> int:
     from service.ops.check import run_checks
 
-    return EXIT_OK if run_checks(config) else EXIT_FAILED
+    return EXIT_OK if run_checks(config, args.timeout.total_seconds()) else EXIT_FAILED
 
 
 def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
@@ -168,7 +168,13 @@ def parser() -> argparse.ArgumentParser:
         help="exit 0 once everything in the topics at start-up is committed",
     )
     sub.add_parser("status", help="print the sink's state as JSON")
-    sub.add_parser("check", help="validate the configuration and reach every server")
+    check = sub.add_parser("check", help="validate the configuration and reach every server")
+    check.add_argument(
+        "--timeout",
+        type=_duration,
+        default=timedelta(seconds=60),
+        help="how long each server may take to answer its check (default 60s; jar downloads are not limited)",
+    )
     orphans = sub.add_parser(
         "orphans",
         help="list data/delete files under the table's data location that no snapshot and no txnlog "

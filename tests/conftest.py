@@ -283,12 +283,13 @@ def gcs(stack: Stack) -> str:
 @pytest.fixture(scope="session")
 def gcs_service_account(gcs: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GoogleTokenService]:
     """A service account's JSON key (``key_file``) for clients that authenticate to the GCS emulator
-    with one, its ``token_uri`` at a stand-in for Google's token service (tests/google_oauth.py)."""
+    with one, its ``token_uri`` at a stand-in for Google's token service, which is also the account's
+    metadata server (``metadata_host``; tests/google_oauth.py)."""
     from tests.google_oauth import GoogleTokenService
 
     service = GoogleTokenService()
     token_uri = service.start()
-    service.write_key(tmp_path_factory.mktemp("gcs-key") / "service-account.json", token_uri, "icesink")
+    service.write_key(tmp_path_factory.mktemp("gcs-key") / "service-account.json", token_uri)
     yield service
     service.stop()
 

@@ -1,34 +1,42 @@
-"""A stand-in for Google's OAuth token service, for clients that authenticate to GCS with a service
-account's JSON key.
+"""Stand-ins for Google's credential services, for clients that authenticate to GCS without a token
+in their configuration.
 
-Such a client signs a JWT with the key's private key and either trades it at the key's ``token_uri``
-for an access token (Trino's GCS file system, Google's Java library) or sends it as its bearer token
-itself (Google's C++ library, pyarrow's GCS client: a "self-signed JWT"). Google's service can't be
-reached here, and the GCS emulator checks no token: :class:`GoogleTokenService` checks the JWT's
-signature against the key it made and its issuer, and counts what it issued; :class:`GcsCredentialCheck`
-stands in front of the emulator and refuses a request whose bearer token is neither of the two.
+With a service account's JSON key, a client signs a JWT with the key's private key and either trades
+it at the key's ``token_uri`` for an access token (Trino's GCS file system, Google's Java library) or
+sends it as its bearer token itself (Google's C++ library, pyarrow's GCS client: a "self-signed JWT").
+On Compute Engine and on GKE with workload identity there is no key: both libraries ask the metadata
+server (``GCE_METADATA_HOST`` for the Java library, ``GCE_METADATA_ROOT`` for the C++ one, both
+``host:port``) for the account's token.
+
+Google's services can't be reached here, and the GCS emulator checks no token:
+:class:`GoogleTokenService` serves the token endpoint (it checks the JWT's signature against the key it
+made, and its issuer) and the metadata server's few paths the clients read, and remembers how it issued
+each token; :class:`GcsCredentialCheck` stands in front of the emulator and refuses a request whose
+bearer token is none of these.
 """
 
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import secrets
-import threading
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from tests.http_stub import Reply, Request, StubServer, forward
+
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 CLIENT_EMAIL = "icesink-test@icesink.iam.gserviceaccount.com"
+PROJECT = "icesink"
+METADATA = "/computeMetadata/v1"
+FLAVOR = ("Metadata-Flavor", "Google")
 
 
 def _b64url(part: str) -> bytes:
@@ -37,48 +45,35 @@ def _b64url(part: str) -> bytes:
 
 @dataclass
 class GoogleTokenService:
-    """Serves ``POST /token`` on 127.0.0.1 for the service account whose key :meth:`write_key` writes."""
+    """Serves, on 127.0.0.1, ``POST /token`` for the service account whose key :meth:`write_key` writes,
+    and the metadata server's token for the same account (:attr:`metadata_host`)."""
 
     key: rsa.RSAPrivateKey = field(default_factory=lambda: rsa.generate_private_key(65537, 2048))
     key_file: Path | None = None
-    tokens_issued: int = 0
+    issued: dict[str, str] = field(default_factory=dict)  # token -> "key" (a JWT grant) or "metadata"
     refused: int = 0
-    issued: set[str] = field(default_factory=set)
-    _server: ThreadingHTTPServer | None = None
+    _server: StubServer | None = None
 
     def start(self) -> str:
         """Start serving; the token URI."""
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-                token = service._issue(form)
-                body = json.dumps(
-                    {"access_token": token, "expires_in": 3600, "token_type": "Bearer"}
-                    if token
-                    else {"error": "invalid_grant"}
-                ).encode()
-                self.send_response(200 if token else 400)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{self._server.server_address[1]}/token"
+        self._server = StubServer(self._answer)
+        return f"{self._server.start()}/token"
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
 
-    def write_key(self, path: Path, token_uri: str, project: str) -> Path:
+    @property
+    def metadata_host(self) -> str:
+        """``host:port`` of the metadata server, for ``GCE_METADATA_HOST`` and ``GCE_METADATA_ROOT``."""
+        assert self._server is not None, "not started"
+        return self._server.url.removeprefix("http://")
+
+    def tokens_issued(self, how: str) -> int:
+        """How many tokens were issued ``how``: "key" or "metadata"."""
+        return sum(1 for kind in self.issued.values() if kind == how)
+
+    def write_key(self, path: Path, token_uri: str, project: str = PROJECT) -> Path:
         """The service account's JSON key, readable by this user only, as Google hands one out."""
         pem = self.key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -110,98 +105,94 @@ class GoogleTokenService:
         except (ValueError, InvalidSignature):
             return False
 
-    def _issue(self, form: dict[str, list[str]]) -> str | None:
-        """An access token for a JWT bearer grant signed with the key."""
-        if form.get("grant_type") != [JWT_BEARER] or not self.signed_by_key(form.get("assertion", [""])[0]):
-            self.refused += 1
-            return None
+    def _answer(self, request: Request) -> Reply:
+        path = urllib.parse.urlsplit(request.path).path
+        if request.method == "POST" and path == "/token":
+            form = urllib.parse.parse_qs(request.body.decode())
+            assertion = form.get("assertion", [""])[0]
+            if form.get("grant_type") != [JWT_BEARER] or not self.signed_by_key(assertion):
+                self.refused += 1
+                return Reply.json(400, '{"error": "invalid_grant"}')
+            return self._token("key")
+        if request.method == "GET" and (path == "/" or path.startswith(METADATA)):
+            return self._metadata(path, request)
+        return Reply(404)
+
+    def _metadata(self, path: str, request: Request) -> Reply:
+        """The paths of the metadata server Google's libraries read for the default service account.
+        Like the real one it answers only requests with ``Metadata-Flavor: Google``, and says so in every
+        answer (the Java library's ping at ``/`` looks for that header)."""
+        if path != "/" and request.header("Metadata-Flavor") != "Google":
+            return Reply(403, b"Missing Metadata-Flavor header", [FLAVOR])
+        accounts = f"{METADATA}/instance/service-accounts/"
+        if path.startswith(accounts):  # by its alias, "default", or its email (Google's C++ library)
+            alias, _, rest = path.removeprefix(accounts).partition("/")
+            if alias not in ("default", CLIENT_EMAIL):
+                return Reply(404, b"", [FLAVOR])
+            if rest == "token":
+                return self._token("metadata", [FLAVOR])
+            if rest == "email":
+                return Reply(200, CLIENT_EMAIL.encode(), [FLAVOR, ("Content-Type", "application/text")])
+            if rest == "":  # ?recursive=true: the account's description
+                described = {
+                    "aliases": ["default"],
+                    "email": CLIENT_EMAIL,
+                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                }
+                return Reply(
+                    200, json.dumps(described).encode(), [FLAVOR, ("Content-Type", "application/json")]
+                )
+        text = {
+            "/": "",
+            f"{METADATA}/project/project-id": PROJECT,
+            f"{METADATA}/universe/universe-domain": "googleapis.com",
+        }.get(path)
+        if text is not None:
+            return Reply(200, text.encode(), [FLAVOR, ("Content-Type", "application/text")])
+        return Reply(404, b"", [FLAVOR])
+
+    def _token(self, how: str, headers: list[tuple[str, str]] | None = None) -> Reply:
         token = secrets.token_urlsafe(24)
-        self.issued.add(token)
-        self.tokens_issued += 1
-        return token
+        self.issued[token] = how
+        body = json.dumps({"access_token": token, "expires_in": 3600, "token_type": "Bearer"})
+        return Reply(200, body.encode(), [*(headers or []), ("Content-Type", "application/json")])
 
 
 @dataclass
 class GcsCredentialCheck:
     """A reverse proxy in front of the GCS emulator (``upstream``) that passes a request only when its
-    bearer token comes from ``service``'s key: a token the service issued for it (``exchanged``) or a JWT
-    the client signed with it (``self_signed``); any other is answered 401 (``refused``)."""
+    bearer token comes from ``service``'s account: a JWT the client signed with the key
+    (``seen["self-signed"]``), or a token the service issued for a JWT grant (``seen["key"]``) or through
+    the metadata server (``seen["metadata"]``); any other is answered 401 (``refused``)."""
 
     upstream: str
     service: GoogleTokenService
-    exchanged: int = 0
-    self_signed: int = 0
+    seen: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     url: str = ""
-    _server: ThreadingHTTPServer | None = None
+    _server: StubServer | None = None
 
     def start(self) -> str:
         """Start serving; its URL, to give the clients as the GCS endpoint."""
-        check, target = self, urlsplit(self.upstream)
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _forward(self) -> None:
-                body = self._body()
-                if not check._authorized(self.headers.get("Authorization", "")):
-                    self._reply(401, [], b'{"error": {"code": 401, "message": "not the key\'s credentials"}}')
-                    return
-                conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=120)
-                skip = {"host", "content-length", "transfer-encoding", "connection"}
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                answer = conn.getresponse()
-                data = answer.read()
-                kept = [  # a resumable upload's next requests come here too
-                    (k, v.replace(check.upstream, check.url) if k.lower() == "location" else v)
-                    for k, v in answer.getheaders()
-                    if k.lower() not in skip
-                ]
-                conn.close()
-                self._reply(answer.status, kept, data)
-
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(chunks)
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-            def _reply(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
-                self.send_response(status)
-                for key, value in headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _forward
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = StubServer(self._answer)
+        self.url = self._server.start()
         return self.url
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
+
+    def _answer(self, request: Request) -> Reply:
+        if not self._authorized(request.header("Authorization")):
+            return Reply.json(401, '{"error": {"code": 401, "message": "not the account\'s credentials"}}')
+        return forward(request, self.upstream, self.url)
 
     def _authorized(self, header: str) -> bool:
         token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else ""
         if token in self.service.issued:
-            self.exchanged += 1
+            self.seen[self.service.issued[token]] += 1
         elif token and self.service.signed_by_key(token):
-            self.self_signed += 1
+            self.seen["self-signed"] += 1
         else:
             self.refused += 1
             return False

@@ -1,8 +1,15 @@
-"""``icesink check``: one line per check, stopping at the first problem with what to fix."""
+"""``icesink check``: one line per check, stopping at the first problem with what to fix.
+
+Each check that reaches a server has a time limit (``--timeout``): the clients behind them retry for
+long when nothing answers, or when they find no credentials (pyarrow's GCS client asks a metadata
+server that is not there for 15 minutes), and a check is run to learn that quickly.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from service.config import SinkConfig
 
@@ -106,24 +113,70 @@ def _spark_master(config: SinkConfig) -> str:
     return check_master(config.spark.master)
 
 
-CHECKS: list[tuple[str, Callable[[SinkConfig], str]]] = [
-    ("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
-    ("spark jars", _spark_jars),
-    ("spark master", _spark_master),
-    ("kafka", _kafka),
-    ("txnlog (postgres)", _txnlog),
-    ("committed offsets", _offsets),
-    ("catalog", _catalog),
-    ("object store", _storage),
+def _storage_hint(config: SinkConfig) -> str:
+    """Why a store may not answer a probe, where a likely reason is known."""
+    props = config.catalog_properties
+    if str(config.catalog.get("warehouse", "")).startswith("gs://") and not props.get("gcs.oauth2.token"):
+        return (
+            "; with no gcs.oauth2.token, GCS credentials come from GOOGLE_APPLICATION_CREDENTIALS, "
+            "gcloud's application-default login or the metadata server (GCE_METADATA_ROOT), and "
+            "pyarrow's client waits up to 15 minutes for one of them"
+        )
+    return ""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[SinkConfig], str]
+    bounded: bool = True  # False: takes as long as it needs (downloading jars)
+    hint: Callable[[SinkConfig], str] = lambda config: ""
+
+
+CHECKS: list[Check] = [
+    Check("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
+    Check("spark jars", _spark_jars, bounded=False),
+    Check("spark master", _spark_master),
+    Check("kafka", _kafka),
+    Check("txnlog (postgres)", _txnlog),
+    Check("committed offsets", _offsets),
+    Check("catalog", _catalog),
+    Check("object store", _storage, hint=_storage_hint),
 ]
 
 
-def run_checks(config: SinkConfig) -> bool:
-    for name, check in CHECKS:
+class NoAnswer(Exception):
+    pass
+
+
+def _within(seconds: float, check: Check, config: SinkConfig) -> str:
+    """``check`` run in a thread of its own for at most ``seconds``. A check that has not returned by
+    then is left running (the thread is a daemon: the process does not wait for it at exit)."""
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def attempt() -> None:
         try:
-            detail = check(config)
+            results.append(check.run(config))
+        except BaseException as exc:  # handed to the caller's thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=attempt, name=f"check {check.name}", daemon=True)
+    worker.start()
+    worker.join(seconds if check.bounded else None)
+    if errors:
+        raise errors[0]
+    if results:
+        return results[0]
+    raise NoAnswer(f"no answer within {seconds:g} s{check.hint(config)}")
+
+
+def run_checks(config: SinkConfig, timeout_s: float) -> bool:
+    for check in CHECKS:
+        try:
+            detail = _within(timeout_s, check, config)
         except Exception as exc:  # every failure becomes one readable line
-            print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+            print(f"FAIL {check.name}: {type(exc).__name__}: {exc}", flush=True)
             return False
-        print(f"ok   {name}: {detail}")
+        print(f"ok   {check.name}: {detail}", flush=True)
     return True

@@ -160,8 +160,12 @@ def test_the_pod_is_hardened(rendered: dict[str, list[dict[str, Any]]], case: st
     deployment = sink_deployment(docs)
     assert deployment["spec"]["replicas"] == 1
     pod = deployment["spec"]["template"]["spec"]
-    k8s_mode = bool(values_of(case).get("spark", {}).get("kubernetes", {}).get("enabled"))
-    assert pod["automountServiceAccountToken"] is k8s_mode
+    values = values_of(case)
+    k8s_mode = bool(values.get("spark", {}).get("kubernetes", {}).get("enabled"))
+    workload_identity = "iam.gke.io/gcp-service-account" in values.get("serviceAccount", {}).get(
+        "annotations", {}
+    )
+    assert pod["automountServiceAccountToken"] is (k8s_mode or workload_identity)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -679,6 +683,52 @@ def test_maintenance_options_render(rendered: dict[str, list[dict[str, Any]]], t
     assert spark["spark.sql.catalog.icesink.catalog-impl"] == "org.apache.iceberg.jdbc.JdbcCatalog"
     assert spark["spark.sql.catalog.icesink.jdbc.password"] == "pw"  # from the Secret, at run time
     assert "jdbc.password: ${CATALOG_PASSWORD}" in one(docs, "ConfigMap")["data"]["maintain.yaml"]
+
+
+def test_gke_workload_identity_gives_every_pod_its_token(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """A ServiceAccount bound to a Google service account (iam.gke.io/gcp-service-account): GKE's metadata
+    server gives a pod Google credentials only when the pod carries its Kubernetes token, so the sink,
+    the maintainer and the executors (which write data files) all run as that account with its token;
+    no key and no token reach the configuration."""
+    docs = rendered["gke-workload-identity-values"]
+    account = one(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"].endswith(
+        ".iam.gserviceaccount.com"
+    )
+    name = account["metadata"]["name"]
+    executor = yaml.safe_load(one(docs, "ConfigMap")["data"]["executor-pod-template.yaml"])["spec"]
+    for what, pod in [
+        ("sink", pod_template(sink_deployment(docs))["spec"]),
+        ("maintainer", pod_template(workload(docs, "CronJob", "maintenance"))["spec"]),
+        ("executors", executor),
+    ]:
+        assert pod["serviceAccountName"] == name, what
+        assert pod["automountServiceAccountToken"] is True, what
+    sink = yaml.safe_load(one(docs, "ConfigMap")["data"]["sink.yaml"])
+    assert sink["catalog"]["warehouse"].startswith("gs://")
+    assert not [k for k in sink["catalog"] if k.startswith("gcs.oauth2")]
+    (container,) = pod_template(sink_deployment(docs))["spec"]["containers"]
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in container_env(container)
+
+
+def test_a_token_for_no_pod_that_does_not_need_one(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """serviceAccount.automountToken: false keeps the token out of the maintainer's and the executors'
+    pods even with a workload identity annotation; the sink's pod keeps it in Spark-on-Kubernetes mode,
+    where it manages its executors."""
+    values = values_of("gke-workload-identity-values")
+    values["serviceAccount"]["automountToken"] = False
+    res = helm_template(values, tmp_path)
+    assert res.returncode == 0, res.stderr
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    executor = yaml.safe_load(one(docs, "ConfigMap")["data"]["executor-pod-template.yaml"])["spec"]
+    assert executor["automountServiceAccountToken"] is False and "serviceAccountName" not in executor
+    assert (
+        pod_template(workload(docs, "CronJob", "maintenance"))["spec"]["automountServiceAccountToken"]
+        is False
+    )
+    assert pod_template(sink_deployment(docs))["spec"]["automountServiceAccountToken"] is True
 
 
 def test_executor_volumes_claimed_on_demand_get_their_rights(

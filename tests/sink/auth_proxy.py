@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import base64
 import secrets
-import threading
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import requests
+from tests.http_stub import Reply, Request, StubServer, forward
 
 TOKEN_PATH = "/v1/oauth/tokens"
 
@@ -65,50 +63,27 @@ class AuthProxy:
         self.tokens_issued += 1
         return token
 
-    def serve(self) -> tuple[str, ThreadingHTTPServer]:
-        proxy = self
+    def serve(self) -> tuple[str, StubServer]:
+        """Start the proxy; its URL and server (``stop()`` it)."""
+        server = StubServer(self._answer)
+        return server.start(), server
 
-        class Handler(BaseHTTPRequestHandler):
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                if self.path.startswith(TOKEN_PATH) and proxy.mode == "oauth2":
-                    token = proxy.issue_token(
-                        urllib.parse.parse_qs(body.decode()), self.headers.get("Authorization")
-                    )
-                    if token is None:
-                        return self._reply(401, b'{"error": "invalid_client"}')
-                    payload = (
-                        f'{{"access_token": "{token}", "token_type": "bearer", "expires_in": 3600, '
-                        f'"issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}}'
-                    )
-                    return self._reply(200, payload.encode())
-                if not proxy.authorized_header(self.headers.get("Authorization")):
-                    proxy.refused += 1
-                    return self._reply(
-                        401,
-                        b'{"error": {"message": "not authorized", "type": "NotAuthorizedException", "code": 401}}',
-                    )
-                proxy.authorized += 1
-                skip = {"host", "authorization", "content-length", "connection"}
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-                answer = requests.request(
-                    self.command, proxy.upstream + self.path, data=body, headers=headers, timeout=60
-                )
-                self._reply(answer.status_code, answer.content, answer.headers.get("Content-Type"))
-
-            def _reply(self, code: int, body: bytes, content_type: str | None = "application/json") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type or "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_DELETE = do_HEAD = _forward
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return f"http://127.0.0.1:{server.server_address[1]}", server
+    def _answer(self, request: Request) -> Reply:
+        if request.path.startswith(TOKEN_PATH) and self.mode == "oauth2":
+            token = self.issue_token(
+                urllib.parse.parse_qs(request.body.decode()), request.header("Authorization") or None
+            )
+            if token is None:
+                return Reply.json(401, '{"error": "invalid_client"}')
+            return Reply.json(
+                200,
+                f'{{"access_token": "{token}", "token_type": "bearer", "expires_in": 3600, '
+                f'"issued_token_type": "urn:ietf:params:oauth:token-type:access_token"}}',
+            )
+        if not self.authorized_header(request.header("Authorization") or None):
+            self.refused += 1
+            return Reply.json(
+                401, '{"error": {"message": "not authorized", "type": "NotAuthorizedException", "code": 401}}'
+            )
+        self.authorized += 1
+        return forward(request, self.upstream)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pyiceberg.catalog.glue import GlueCatalog
 
 from service.config import parse_config
 from service.iceberg.tables import open_catalog
@@ -32,7 +33,7 @@ def proxy(stack: Any, request: pytest.FixtureRequest) -> Iterator[tuple[AuthProx
     )
     url, server = auth.serve()
     yield auth, url
-    server.shutdown()
+    server.stop()
 
 
 def _catalog(stack: Any, url: str, **auth: Any) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def _catalog(stack: Any, url: str, **auth: Any) -> dict[str, Any]:
     }
 
 
-CASES = {
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "bearer": ({"token": "t0ken"}, {"token": "wrong"}),
     "oauth2": (
         {"credential": "sink:s3cret", "oauth2-server-uri": "{url}" + TOKEN_PATH},
@@ -103,7 +104,7 @@ def test_sink_writes_through_an_oauth2_catalog(make_sink: Any, spark: Any, stack
         run = sink.run_until_caught_up(env={"CATALOG_CREDENTIAL": "sink:s3cret"})
         assert "s3cret" not in run.log()
     finally:
-        server.shutdown()
+        server.stop()
     assert auth.tokens_issued >= 1 and auth.authorized > 0 and auth.refused == 0
     assert_rows(spark, sink.table, sink.source.expected_rows())
 
@@ -131,7 +132,7 @@ def test_glue_and_hive_properties_reach_pyiceberg(hive: str) -> None:
         }
     )
     catalog = open_catalog(glue)
-    assert type(catalog).__name__ == "GlueCatalog"
+    assert isinstance(catalog, GlueCatalog)
     assert catalog.glue.meta.region_name == "eu-west-1"
     config = parse_config({**base, "catalog": {"name": "h", "type": "hive", "uri": hive}})
     catalog = open_catalog(config)

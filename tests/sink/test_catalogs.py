@@ -11,6 +11,8 @@ import json
 import os
 import time
 import uuid
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -19,6 +21,8 @@ from readers import duckdb_connect, trino_catalog, trino_rows
 from service.config import parse_config
 from service.maintenance.spark import CATALOG, catalog_conf, spark_catalog_name
 from tests.conftest import azure_account_sas
+from tests.google_oauth import GcsCredentialCheck, GoogleTokenService
+from tests.http_stub import Reply, Request, StubServer
 from tests.sink.conftest import Sink
 from tests.sink.expect import diff
 from tests.sink.test_end_to_end import _catalog
@@ -228,9 +232,9 @@ def test_sql_catalog_with_gcs_lands_survives_a_kill_and_is_maintained(
     them with the token, Trino with a service account's key (a token from the stand-in it names)."""
     name = unique_name("gcscat")
     sink = make_sink(catalog=gcs_catalog(stack, gcs, name), **_SINK)
-    issued = gcs_service_account.tokens_issued
+    issued = gcs_service_account.tokens_issued("key")
     _lands_survives_a_kill_and_is_maintained(sink, spark, gcs_service_account.key_file)
-    assert gcs_service_account.tokens_issued > issued, "Trino read without the service account's key"
+    assert gcs_service_account.tokens_issued("key") > issued, "Trino read without the service account's key"
     files = [str(f) for f in _catalog(sink).load_table(sink.table).inspect.files()["file_path"].to_pylist()]
     assert files and all(f.startswith(f"gs://warehouse/{name}/") for f in files), files[:3]
 
@@ -241,32 +245,94 @@ def test_sql_catalog_with_gcs_and_application_default_credentials_lands_and_is_m
     """No token in the configuration: Google's application-default credentials, a service account's key
     that ``GOOGLE_APPLICATION_CREDENTIALS`` names, for the sink (pyarrow's GCS client sends a JWT it signs
     with the key) and the maintainer (Iceberg's GCSFileIO trades the key for a token at its ``token_uri``,
-    the stand-in). Both reach the emulator through a check that refuses any request the key did not
-    authenticate; the readers then read the table with a token, straight from the emulator."""
-    from tests.google_oauth import GcsCredentialCheck
-
-    check = GcsCredentialCheck(gcs, gcs_service_account)
-    endpoint = check.start()
+    the stand-in)."""
     env = {"GOOGLE_APPLICATION_CREDENTIALS": str(gcs_service_account.key_file)}
-    direct = gcs_catalog(stack, gcs, unique_name("gcsadc"))
-    adc = {k: v for k, v in direct.items() if not k.startswith("gcs.oauth2.")} | {
-        "gcs.service.host": endpoint
-    }
-    sink = make_sink(catalog=adc, **_SINK)
+    seen = _lands_and_is_maintained_with_credentials_from(
+        env, make_sink, spark, stack, gcs, gcs_service_account, unique_name("gcsadc")
+    )
+    assert seen["sink"] == {"self-signed"} and seen["maintainer"] >= {"key"}, seen
+
+
+def test_sql_catalog_with_gcs_and_the_metadata_server_lands_and_is_maintained(
+    make_sink: Any, spark: Any, stack: Any, gcs: str, gcs_service_account: Any, unique_name: Any
+) -> None:
+    """No token and no key: the service account's tokens come from the metadata server, as on Compute
+    Engine or on GKE with workload identity. The stand-in serves it; both libraries are pointed at it
+    as Google documents for a metadata server at another address (``GCE_METADATA_ROOT`` for pyarrow's
+    C++ client, ``GCE_METADATA_HOST`` for the Java one the maintainer's GCSFileIO uses)."""
+    host = gcs_service_account.metadata_host
+    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GOOGLE_APPLICATION_CREDENTIALS": None}
+    seen = _lands_and_is_maintained_with_credentials_from(
+        env, make_sink, spark, stack, gcs, gcs_service_account, unique_name("gcsmeta")
+    )
+    assert seen == {"sink": {"metadata"}, "maintainer": {"metadata"}}, seen
+
+
+def test_check_gives_up_on_a_gcs_store_it_finds_no_credentials_for(
+    make_sink: Any, stack: Any, gcs: str, unique_name: Any
+) -> None:
+    """No token, no key, and a metadata server that answers only 503: pyarrow's GCS client would go on
+    asking it for 15 minutes. `icesink check` gives up on the object store at its time limit and says
+    where GCS credentials come from; the checks before it pass."""
+    asked: list[str] = []
+
+    def unavailable(request: Request) -> Reply:
+        asked.append(request.path)
+        return Reply(503)
+
+    metadata = StubServer(unavailable)
+    host = metadata.start().removeprefix("http://")
+    catalog = {k: v for k, v in gcs_catalog(stack, gcs, unique_name("gcsnone")).items() if "oauth2" not in k}
+    sink = make_sink(catalog=catalog, **_SINK)
+    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GOOGLE_APPLICATION_CREDENTIALS": None}
+    try:
+        started = time.monotonic()
+        done = sink.cli("check", "--timeout", "10s", env=env, timeout=300)
+        took = time.monotonic() - started
+    finally:
+        metadata.stop()
+    assert asked, "the GCS client never asked the metadata server for credentials"
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "ok   catalog:" in done.stdout, done.stdout
+    assert "FAIL object store: NoAnswer: no answer within 10 s; with no gcs.oauth2.token" in done.stdout, (
+        done.stdout
+    )
+    assert took < 120, f"check took {took:.0f} s"
+
+
+def _lands_and_is_maintained_with_credentials_from(
+    env: Mapping[str, str | None],
+    make_sink: Any,
+    spark: Any,
+    stack: Any,
+    gcs: str,
+    service: GoogleTokenService,
+    name: str,
+) -> dict[str, set[str]]:
+    """The sink lands the stream and `icesink maintain --once` compacts it, both taking their GCS
+    credentials from ``env`` alone; they reach the emulator through a check that refuses any request the
+    service account did not authenticate, and the readers then read the table with a token, straight
+    from the emulator. How the sink's and the maintainer's requests were authenticated."""
+    check = GcsCredentialCheck(gcs, service)
+    endpoint = check.start()
+    direct = gcs_catalog(stack, gcs, name)
+    from_env = {k: v for k, v in direct.items() if not k.startswith("gcs.oauth2.")}
+    sink = make_sink(catalog={**from_env, "gcs.service.host": endpoint}, **_SINK)
     try:
         sink.produce(300)
         sink.run_until_caught_up(env=env)
-        assert check.self_signed > 0 and check.refused == 0, vars(check)
+        by_sink = Counter(check.seen)
         done = sink.cli("maintain", "--once", env=env, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
         (maintained,) = json.loads(done.stdout)["tables"]
         assert maintained["failed"] == {} and "compact" in maintained["tasks"], maintained
-        assert check.exchanged > 0 and check.refused == 0, vars(check)
     finally:
         check.stop()
+    assert check.refused == 0, f"{check.refused} requests refused: {dict(check.seen)}"
     sink.config["catalog"] = direct
     problems = read_everywhere(spark, sink)
     assert not problems, "\n".join(problems)
+    return {"sink": set(+by_sink), "maintainer": set(+(check.seen - by_sink))}
 
 
 def adls_catalog(stack: Any, azurite: dict[str, str], name: str) -> dict[str, str]:

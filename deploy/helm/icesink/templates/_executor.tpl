@@ -11,7 +11,15 @@ metadata:
   labels:
     {{- include "icesink.executorLabels" . | nindent 4 }}
 spec:
+  {{- if eq (include "icesink.podToken" .) "true" }}
+  {{- /* Workload identity: the executors write data files as the sink's account. Its token also
+  carries the Role that manages executor pods; spark.kubernetes.authenticate.executor.serviceAccountName
+  in spark.conf names another account bound to the same Google service account instead. */}}
+  serviceAccountName: {{ include "icesink.serviceAccountName" . }}
+  automountServiceAccountToken: true
+  {{- else }}
   automountServiceAccountToken: false
+  {{- end }}
   securityContext:
     {{- toYaml .Values.podSecurityContext | nindent 4 }}
   {{- with .Values.imagePullSecrets }}

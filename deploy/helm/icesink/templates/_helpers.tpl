@@ -46,6 +46,24 @@ app.kubernetes.io/part-of: icesink
 {{- end -}}
 {{- end -}}
 
+{{/*
+Whether the pods get the service account's token (serviceAccount.automountToken, by default only with
+GKE workload identity, whose metadata server serves a pod by its token). The sink's pod also gets it in
+Spark-on-Kubernetes mode, to manage its executors: icesink.sinkToken.
+*/}}
+{{- define "icesink.podToken" -}}
+{{- $sa := .Values.serviceAccount -}}
+{{- if kindIs "bool" $sa.automountToken -}}
+{{- $sa.automountToken -}}
+{{- else -}}
+{{- hasKey ($sa.annotations | default dict) "iam.gke.io/gcp-service-account" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "icesink.sinkToken" -}}
+{{- or .Values.spark.kubernetes.enabled (eq (include "icesink.podToken" .) "true") -}}
+{{- end -}}
+
 {{- define "icesink.executorLabels" -}}
 {{ include "icesink.selectorLabels" . }}
 app.kubernetes.io/component: spark-executor
@@ -296,8 +314,8 @@ metadata:
     {{- end }}
 spec:
   {{- include "icesink.podSecurity" .root | nindent 2 }}
-  # Local-mode Spark: the maintainer never calls the Kubernetes API.
-  automountServiceAccountToken: false
+  # Local-mode Spark: the maintainer never calls the Kubernetes API (a token for workload identity only).
+  automountServiceAccountToken: {{ include "icesink.podToken" .root }}
   terminationGracePeriodSeconds: {{ $m.terminationGracePeriodSeconds }}
   {{- if eq $m.mode "cronjob" }}
   restartPolicy: Never
