@@ -54,6 +54,8 @@ from service.data.envelope import (
     EXACT,
     KAFKA_POSITION,
     MAX_LONG_DIGITS,
+    OFFSET,
+    RECORD_POSITION,
     SOURCE_COLUMNS,
     SOURCE_FIELDS,
     STRICT_BASE64,
@@ -589,7 +591,7 @@ def decode(
     envelope = _parse(texts, envelope_schema(columns), "record value")
     by_name = {c.name: c for c in columns}
     key_table = _parse(key_texts, key_schema([by_name[k] for k in key]), "record key")
-    return decode_envelopes(envelope, key_table, kafka.select(KAFKA_POSITION), columns, key, schemas)
+    return decode_envelopes(envelope, key_table, kafka.select(RECORD_POSITION), columns, key, schemas)
 
 
 def _unwrapped(table: pa.Table) -> Callable[[str], pa.Array]:
@@ -654,7 +656,17 @@ def decode_envelopes(
 
 
 def _with_positions(columns: dict[str, pa.Array], positions: pa.Table) -> pa.Table:
-    return pa.table({**columns, **{name: positions[name].combine_chunks() for name in KAFKA_POSITION}})
+    """The decoded columns with the records' positions (``positions``: :data:`RECORD_POSITION`), under
+    the names of :data:`KAFKA_POSITION`, apart from any table column called ``topic`` or ``offset``."""
+    return pa.table(
+        {
+            **columns,
+            **{
+                name: positions[field].combine_chunks()
+                for field, name in zip(RECORD_POSITION, KAFKA_POSITION, strict=True)
+            },
+        }
+    )
 
 
 def _with_carried_sources(rows: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, pa.Array]]:
@@ -731,12 +743,12 @@ class LatestPerKey:
         """Row numbers of each (key, topic, partition)'s last row with a source position."""
         has = reduce(pc.or_, [pc.is_valid(rows[c]) for c in SOURCE_COLUMNS])
         lanes = [*self.key, *KAFKA_POSITION[:2]]
-        with_source = rows.select([*lanes, "offset", _ROW]).filter(has)
+        with_source = rows.select([*lanes, OFFSET, _ROW]).filter(has)
         if with_source.num_rows == 0:
             return np.empty(0, dtype=np.int64)
-        last = with_source.group_by(lanes, use_threads=False).aggregate([("offset", "max")])
+        last = with_source.group_by(lanes, use_threads=False).aggregate([(OFFSET, "max")])
         joined = with_source.join(last, lanes, join_type="inner").filter(
-            pc.equal(pc.field("offset"), pc.field("offset_max"))
+            pc.equal(pc.field(OFFSET), pc.field(f"{OFFSET}_max"))
         )
         return np.asarray(joined[_ROW].to_numpy(), dtype=np.int64)
 

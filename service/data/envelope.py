@@ -21,7 +21,20 @@ from pyspark.sql import types as T
 from service.model.columns import Column, Encoding
 
 ERROR_COLUMN = "__icesink_error"
-KAFKA_POSITION = ["topic", "partition", "offset"]  # what orders changes within a partition
+
+
+def record_field(name: str) -> str:
+    """What a Kafka record's field (``key``, ``value``, ``topic``, ``partition``, ``offset``,
+    ``timestamp``) is called in decoded rows: apart from the table's columns, which may have any of
+    these names (a key-value table's ``key`` and ``value``, an event table's ``topic`` or ``offset``)."""
+    return f"__icesink_{name}"
+
+
+# A record's position as the frames records come in name it (Spark's Kafka source, the task reader) ...
+RECORD_POSITION = ["topic", "partition", "offset"]
+# ... and in decoded rows: what orders changes within a partition.
+KAFKA_POSITION = [record_field(name) for name in RECORD_POSITION]
+TOPIC, PARTITION, OFFSET = KAFKA_POSITION
 # The fields of Debezium's `source` section that order a key's changes, most significant first:
 # Postgres' change LSN, MySQL's binlog coordinates, then the source's commit time (ms).
 SOURCE_FIELDS: dict[str, T.DataType] = {
@@ -34,7 +47,7 @@ SOURCE_FIELDS: dict[str, T.DataType] = {
 SOURCE_COLUMNS = [f"__icesink_source_{name}" for name in SOURCE_FIELDS]
 # How a key's changes are ordered, most significant first (see each decoder's latest_per_key): the
 # topic and partition come last only to make ties across partitions deterministic.
-CHANGE_ORDER = [*SOURCE_COLUMNS, "offset", "topic", "partition"]
+CHANGE_ORDER = [*SOURCE_COLUMNS, OFFSET, TOPIC, PARTITION]
 # What a tombstone decodes as: a delete with neither before image nor source position.
 TOMBSTONE_EVENT = '{"op":"d"}'
 VALID_OPS = ("c", "r", "u", "d")

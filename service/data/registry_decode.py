@@ -41,7 +41,7 @@ from service.data.arrow_decode import (
     unsupported,
 )
 from service.data.avro_schema import AvroSchema
-from service.data.envelope import KAFKA_POSITION, TRUNCATE_OP, TRUNCATE_REASON
+from service.data.envelope import RECORD_POSITION, TRUNCATE_OP, TRUNCATE_REASON
 from service.data.files import DELETE_OP
 from service.data.protobuf_schema import ProtobufSchema
 from service.data.registry import Registry, RegistryUnavailable, UnknownSchema, WriterSchema, frame
@@ -193,7 +193,7 @@ def decode(
     context = _Task(values, keys, columns, key, schemas, rejected or {}, dead)
     batches, one_by_one = context.read_batches()
     groups: list[_Group] = [*batches, *context.read_one_by_one(one_by_one)]
-    positions = kafka.select(KAFKA_POSITION)
+    positions = kafka.select(RECORD_POSITION)
     parts: list[tuple[Decoded, list[int]]] = []
     for group in groups:
         version = context.version(group.section)

@@ -47,25 +47,32 @@ from service.data.envelope import (
     KAFKA_POSITION,
     MAX_DECIMAL_DIGITS,
     MAX_LONG_DIGITS,
+    OFFSET,
+    PARTITION,
     SOURCE_COLUMNS,
     SOURCE_FIELDS,
     STRICT_BASE64,
     TOMBSTONE_EVENT,
+    TOPIC,
     TRUNCATE_OP,
     TRUNCATE_REASON,
     UUID_PATTERN,
     VALID_OPS,
     as_text_column,
     column_wire_type,
+    record_field,
     spark_type,
     unscaled_decimal,
     variable_scale_text,
 )
-from service.data.files import OP_COLUMN
+from service.data.files import DELETE_OP, OP_COLUMN
 from service.model.columns import Column, Encoding
 
 CORRUPT_COLUMN = "__icesink_corrupt"
-POSITION_COLUMNS = ["topic", "partition", "offset", "timestamp"]
+# A Kafka record's fields, under their names in decoded rows (see envelope.record_field).
+RECORD_FIELDS = ["topic", "partition", "offset", "timestamp", "key", "value"]
+_RECORD = [record_field(name) for name in RECORD_FIELDS]
+_KEY, _VALUE_BYTES = record_field("key"), record_field("value")
 _ORDER = "__icesink_order"
 _JULIAN = "__icesink_julian"  # the event's timestamps were read in the Julian calendar (a snapshot)
 _JULIAN_LISTS = "__icesink_julian_lists"  # its timestamp[] elements were (see temporal.julian_list)
@@ -355,8 +362,9 @@ def decode(
     """Kafka rows (key, value, topic, partition, offset, timestamp) → change rows with an error column.
 
     With ``tombstones`` a record with a null value is a delete of the key in its Kafka key; without,
-    it is removed. The result keeps ``key`` and ``value`` for the dead-letter topic, and the source
-    position in :data:`SOURCE_COLUMNS`. ``rejected_schemas`` maps schema texts (see
+    it is removed. The result keeps the record's fields (``key`` and ``value`` for the dead-letter
+    topic, its Kafka position) under :func:`~service.data.envelope.record_field`'s names, beside the
+    table's columns, and the source position in :data:`SOURCE_COLUMNS`. ``rejected_schemas`` maps schema texts (see
     :func:`schema_text`) to the reason their events are dead-lettered (an incompatible schema change
     under ``on_incompatible_schema: dead_letter``). ``versions`` maps schema texts to the columns their
     events are decoded with, for the schema versions that encode a column unlike ``columns``
@@ -426,7 +434,7 @@ def _projections(
     env = F.from_json(value_text, envelope_schema(columns), _JSON_OPTIONS)
     kjson = F.from_json(F.col("key").cast("string"), key_schema(key_columns), _JSON_OPTIONS)
     parsed = (
-        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value")],
+        *[F.col(name).alias(field) for name, field in zip(RECORD_FIELDS, _RECORD, strict=True)],
         env.alias("env"),
         kjson.alias("kjson"),
     )
@@ -437,7 +445,7 @@ def _projections(
         return F.when(has_payload, F.col(f"env.payload.{name}")).otherwise(F.col(f"env.{name}"))
 
     staged = (
-        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value")],
+        *[F.col(c) for c in _RECORD],
         envelope("op").alias(OP_COLUMN),
         envelope("after").alias("after"),
         envelope("before").alias("before"),
@@ -449,7 +457,7 @@ def _projections(
         F.col(f"kjson.{CORRUPT_COLUMN}").alias("key_corrupt"),
     )
 
-    is_delete = F.col(OP_COLUMN) == "d"
+    is_delete = F.col(OP_COLUMN) == DELETE_OP
     image = F.when(is_delete, F.col("before")).otherwise(F.col("after"))
     wires = {c.name: F.col(f"{_WIRE}{i}") for i, c in enumerate(columns)}
     texts = {c.name: F.col(f"{_TEXT}{i}") for i, c in enumerate(columns)}
@@ -483,9 +491,10 @@ def _projections(
         F.col("*"),
         *[
             (_variable_scale_text_lists if c.is_list else _variable_scale_texts)(wires[c.name]).alias(
-                f"{_TEXT}{columns.index(c)}"
+                f"{_TEXT}{i}"
             )
-            for c in variable_scale
+            for i, c in enumerate(columns)
+            if c in variable_scale
         ],
     )
     converted = (
@@ -519,7 +528,7 @@ def _projections(
         elif c.required:
             errors.append(F.when(~is_delete & wire.isNull(), F.lit(f"required column {c.name} is null")))
     result = (
-        *[F.col(c) for c in (*POSITION_COLUMNS, "key", "value", OP_COLUMN)],
+        *[F.col(c) for c in (*_RECORD, OP_COLUMN)],
         *[values[c.name].alias(c.name) for c in columns],
         *[F.col(c) for c in SOURCE_COLUMNS],
         F.coalesce(*errors).alias(ERROR_COLUMN),
@@ -531,10 +540,10 @@ def _envelope_errors(
     key: list[str], rejected: tuple[tuple[str, str], ...], max_record_bytes: int
 ) -> list[SparkColumn]:
     """The dead-letter reasons of a record as a whole (its envelope, its op, its key), first in line."""
-    is_tombstone = F.col("value").isNull()
+    is_tombstone = F.col(_VALUE_BYTES).isNull()
     return [
         # A tombstone's key is all there is of it: say so when it names no row.
-        F.when(is_tombstone & F.col("key").isNull(), F.lit("tombstone without a key")),
+        F.when(is_tombstone & F.col(_KEY).isNull(), F.lit("tombstone without a key")),
         F.when(
             is_tombstone & F.col("key_corrupt").isNotNull(),
             F.lit("tombstone whose key can't be parsed (not JSON, or a key column of the wrong JSON type)"),
@@ -547,14 +556,17 @@ def _envelope_errors(
             for k in key
         ],
         *[
-            F.when(schema_text(F.col("value")) == F.lit(text), F.lit(f"incompatible schema change: {reason}"))
+            F.when(
+                schema_text(F.col(_VALUE_BYTES)) == F.lit(text),
+                F.lit(f"incompatible schema change: {reason}"),
+            )
             for text, reason in rejected
         ],
         F.when(
-            F.length("value") > max_record_bytes,
+            F.length(_VALUE_BYTES) > max_record_bytes,
             F.format_string(
                 "record of %d bytes exceeds source.max_record_bytes (%d)",
-                F.length("value"),
+                F.length(_VALUE_BYTES),
                 F.lit(max_record_bytes),
             ),
         ),
@@ -566,7 +578,7 @@ def _envelope_errors(
         F.when(F.col(OP_COLUMN) == TRUNCATE_OP, F.lit(TRUNCATE_REASON)),
         F.when(~F.col(OP_COLUMN).isin(*VALID_OPS), F.format_string("unknown op '%s'", F.col(OP_COLUMN))),
         F.when(
-            (F.col(OP_COLUMN) != "d") & F.col("after").isNull(),
+            (F.col(OP_COLUMN) != DELETE_OP) & F.col("after").isNull(),
             F.lit("create/update event without an 'after' image"),
         ),
     ]
@@ -586,11 +598,9 @@ def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
     lane = KAFKA_POSITION[:2]
     keys = [F.col(f"`{k}`") for k in key]
     has_position = reduce(lambda a, b: a | b, [F.col(c).isNotNull() for c in SOURCE_COLUMNS])
-    earlier = Window.partitionBy(*keys).orderBy(*lane, "offset").rowsBetween(Window.unboundedPreceding, 0)
+    earlier = Window.partitionBy(*keys).orderBy(*lane, OFFSET).rowsBetween(Window.unboundedPreceding, 0)
     carried = F.last(F.when(has_position, F.struct(*lane, *SOURCE_COLUMNS)), ignorenulls=True).over(earlier)
-    same_lane = (carried.getField("topic") == F.col("topic")) & (
-        carried.getField("partition") == F.col("partition")
-    )
+    same_lane = (carried.getField(TOPIC) == F.col(TOPIC)) & (carried.getField(PARTITION) == F.col(PARTITION))
     order = F.struct(
         *[
             F.when(same_lane, carried.getField(c)).alias(c) if c in SOURCE_COLUMNS else F.col(c)

@@ -32,6 +32,7 @@ from service.data import arrow_job, registry_decode
 from service.data.arrow_decode import Declined, unsupported
 from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, SOURCE_COLUMNS
 from service.data.files import (
+    DELETE_OP,
     LOCATED,
     OP_COLUMN,
     OUTPUT_SCHEMA,
@@ -442,7 +443,7 @@ class TablePipeline:
             rows = (
                 latest_per_key(good, self.settings.key)
                 if self.upsert
-                else good.where(F.col(OP_COLUMN) != "d")
+                else good.where(F.col(OP_COLUMN) != DELETE_OP)
             )
             table = self.catalog.load_table(self.identifier)  # as evolved
             self.known.put(self.identifier, table, loaded=True)

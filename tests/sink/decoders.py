@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
-from service.data.envelope import ERROR_COLUMN, SOURCE_COLUMNS
+from service.data.envelope import ERROR_COLUMN, OFFSET, SOURCE_COLUMNS
 from service.data.files import OP_COLUMN
 from service.data.spark_decode import decode as spark_decode
 from service.model.columns import Column
@@ -82,9 +82,9 @@ def spark_decoded(
     rows = [(k, v, "t", 0, i, now) for i, (k, v) in enumerate(records)]
     frame = spark.createDataFrame(rows, KAFKA_ROW)
     decoded = spark_decode(frame, columns, key, max_record_bytes, tombstones=True).select(
-        "offset", ERROR_COLUMN, OP_COLUMN, *[c.name for c in columns], *SOURCE_COLUMNS
+        OFFSET, ERROR_COLUMN, OP_COLUMN, *[c.name for c in columns], *SOURCE_COLUMNS
     )
-    return {r["offset"]: r for r in comparable(decoded.toArrow())}
+    return {r[OFFSET]: r for r in comparable(decoded.toArrow())}
 
 
 def value_columns(columns: list[Column]) -> list[str]:

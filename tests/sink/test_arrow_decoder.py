@@ -24,7 +24,7 @@ from pyiceberg.types import StringType
 from pyspark.sql import SparkSession
 
 from service.data.arrow_decode import Declined, decode, latest_per_key, unsupported
-from service.data.envelope import ERROR_COLUMN
+from service.data.envelope import ERROR_COLUMN, KAFKA_POSITION, record_field
 from service.data.spark_decode import decode as spark_decode
 from service.data.spark_decode import decoding as spark_decoding
 from service.data.spark_decode import latest_per_key as spark_latest_per_key
@@ -656,9 +656,10 @@ def test_both_decoders_keep_the_newest_change_by_source_position(spark: SparkSes
     )
     changes = spark_decode(frame, COLUMNS, KEY, MAX_BYTES, tombstones=True)
     assert changes.where(f"{ERROR_COLUMN} IS NOT NULL").count() == 0
-    latest = spark_latest_per_key(changes.drop(ERROR_COLUMN, "key", "value", "timestamp"), KEY)
-    kept = latest.select("id", "topic", "partition", "offset").collect()  # dates may be before year 1
-    by_spark = {r["id"]: (r["topic"], r["partition"], r["offset"]) for r in kept}
+    record_only = [record_field(name) for name in ("key", "value", "timestamp")]
+    latest = spark_latest_per_key(changes.drop(ERROR_COLUMN, *record_only), KEY)
+    kept = latest.select("id", *KAFKA_POSITION).collect()  # dates may be before year 1
+    by_spark = {r["id"]: tuple(r[c] for c in KAFKA_POSITION) for r in kept}
 
     kafka = pa.table(
         {
@@ -669,8 +670,8 @@ def test_both_decoders_keep_the_newest_change_by_source_position(spark: SparkSes
     )
     decoded = decode([v for _, v, *_ in records], [k for k, *_ in records], kafka, COLUMNS, KEY).rows
     by_arrow = {
-        r["id"]: (r["topic"], r["partition"], r["offset"])
-        for r in latest_per_key(decoded, KEY).select(["id", "topic", "partition", "offset"]).to_pylist()
+        r["id"]: tuple(r[c] for c in KAFKA_POSITION)
+        for r in latest_per_key(decoded, KEY).select(["id", *KAFKA_POSITION]).to_pylist()
     }
 
     labels = {changes[0][0]: label for label, changes, _ in ORDER_CASES}
@@ -781,7 +782,7 @@ def test_compacting_chunk_by_chunk_keeps_what_the_whole_batch_keeps(chunk: int) 
         return decode([v for _, v, *_ in rows], [k for k, *_ in rows], kafka, COLUMNS, KEY).rows
 
     def kept(rows: pa.Table) -> set[tuple[Any, ...]]:
-        return {tuple(r.values()) for r in rows.select(["id", "topic", "partition", "offset"]).to_pylist()}
+        return {tuple(r.values()) for r in rows.select(["id", *KAFKA_POSITION]).to_pylist()}
 
     whole = latest_per_key(decoded(records), KEY)
     latest = LatestPerKey(KEY)

@@ -17,6 +17,7 @@ import pytest
 
 from readers import duckdb_rows, spark_rows
 from service.data import arrow_decode
+from service.data.envelope import OFFSET
 from service.model.columns import column_from_config
 from tests.sink.conftest import Sink, SinkRun
 from tests.sink.decoders import kafka_positions
@@ -236,9 +237,9 @@ def test_the_arrow_decoder_reads_each_event_in_its_own_schema_versions_unit() ->
         ["id"],
         schema_sections=True,
     )
-    assert decoded.rows.select(["id", "updated", "offset"]).to_pylist() == [
-        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123456), "offset": 0},
-        {"id": 2, "updated": datetime(2020, 9, 13, 12, 26, 40, 789000), "offset": 1},
-        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123457), "offset": 2},
+    assert decoded.rows.select(["id", "updated", OFFSET]).to_pylist() == [
+        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123456), OFFSET: 0},
+        {"id": 2, "updated": datetime(2020, 9, 13, 12, 26, 40, 789000), OFFSET: 1},
+        {"id": 1, "updated": datetime(2023, 11, 14, 22, 13, 20, 123457), OFFSET: 2},
     ]
     assert decoded.by_op == {"c": 2, "u": 1} and len(decoded.schemas) == 2

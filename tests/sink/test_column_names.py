@@ -1,0 +1,72 @@
+"""Source columns named like the fields of a Kafka record land as any other column.
+
+A PostgreSQL table whose columns are called ``key``, ``value``, ``topic``, ``partition``, ``offset`` and
+``timestamp`` (names a key-value or an event table has) is captured by a real Debezium connector; both
+decoders read each record's own fields beside the row's columns of the same names, and the table must
+hold the source's rows exactly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.cdc import CdcSource
+from tests.sink.conftest import Sink, open_cdc
+from tests.sink.debezium_sales import assert_table_matches
+
+ROWS = 50
+# Streamed after the snapshot: 10 updates, 5 deletes (each followed by a tombstone), 1 insert.
+CHANGES = [
+    'UPDATE {table} SET "value" = "value" + 1, "offset" = -1, "key" = NULL WHERE id <= 10',
+    "DELETE FROM {table} WHERE id BETWEEN 11 AND 15",
+    "INSERT INTO {table} (id) VALUES (100)",
+]
+EVENTS = ROWS + 10 + 5 * 2 + 1
+
+
+@pytest.fixture(scope="module")
+def captured(stack: Any) -> Iterator[tuple[CdcSource, str, str]]:
+    """The table, its snapshot and its streamed changes in Kafka: (source, table, topic)."""
+    suffix = uuid.uuid4().hex[:8]
+    table = f"public.kafka_names_{suffix}"
+    with open_cdc(stack) as cdc:
+        cdc.execute(
+            f"""CREATE TABLE {table} (id bigint PRIMARY KEY, "key" text, "value" numeric(12, 2), "topic" text,
+                "partition" int, "offset" bigint, "timestamp" timestamptz)""",
+            f"""INSERT INTO {table} SELECT g, 'k' || g, g * 1.5, 'shop.t' || g, g % 3, g * 1000,
+                timestamptz '2026-01-01 00:00:00+00' + g * interval '1 hour' FROM generate_series(1, {ROWS}) g""",
+        )
+        connector = cdc.register(f"dbz_names_{suffix}", [table], schemas=True)
+        connector.wait_snapshot_done()
+        for statement in CHANGES:
+            cdc.execute(statement.format(table=table))
+        connector.wait_for_events(table, EVENTS)
+        yield cdc, table, connector.topic(table)
+
+
+@pytest.mark.parametrize("decoder", ["auto", "spark"])
+def test_columns_named_like_kafka_record_fields_land_as_any_column(
+    captured: tuple[CdcSource, str, str],
+    make_sink: Callable[..., Sink],
+    spark: Any,
+    unique_name: Callable[[str], str],
+    decoder: str,
+) -> None:
+    cdc, table, topic = captured
+    sink = make_sink(
+        mode="upsert",
+        kafka={"topics": [topic]},
+        table={"identifier": f"{unique_name('ns')}.kafka_names", "key": ["id"]},
+        source={"decoder": decoder},
+    )
+    log = sink.run_until_caught_up().log()
+    assert " 0 dead letters" in log, log[-4000:]
+    if decoder == "auto":
+        assert "arrow decoder" in log and "declined" not in log, log[-4000:]
+    source = cdc.rows(table)
+    assert len(source) == ROWS - 5 + 1
+    assert_table_matches(spark, sink.table, source, key="id")
