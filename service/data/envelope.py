@@ -18,7 +18,7 @@ from decimal import Decimal
 from pyiceberg.types import DecimalType, DoubleType, FloatType, IntegerType, LongType, StringType
 from pyspark.sql import types as T
 
-from service.model.columns import Column, Encoding
+from service.model.columns import RESERVED_PREFIX, Column, Encoding
 
 ERROR_COLUMN = "__icesink_error"
 
@@ -27,7 +27,7 @@ def record_field(name: str) -> str:
     """What a Kafka record's field (``key``, ``value``, ``topic``, ``partition``, ``offset``,
     ``timestamp``) is called in decoded rows: apart from the table's columns, which may have any of
     these names (a key-value table's ``key`` and ``value``, an event table's ``topic`` or ``offset``)."""
-    return f"__icesink_{name}"
+    return f"{RESERVED_PREFIX}{name}"
 
 
 # A record's position as the frames records come in name it (Spark's Kafka source, the task reader) ...

@@ -142,6 +142,10 @@ class SchemaError(ValueError):
     """A schema (configured, in an event, or in the table) that icesink can't use as it is."""
 
 
+# Decoded rows carry the sink's own columns beside the table's (the change's op, its source and Kafka
+# positions, its error), all named with this prefix, so that a table column may have any other name.
+RESERVED_PREFIX = "__icesink_"
+
 # Element ids of the list types built from events or configuration: a table's own element ids are
 # assigned when the column is created (iceberg_schema, or the catalog's schema update).
 UNASSIGNED_ID = 0
@@ -156,6 +160,13 @@ class Column:
     type: PrimitiveType | ListType
     required: bool
     encoding: Encoding
+
+    def __post_init__(self) -> None:
+        if self.name.startswith(RESERVED_PREFIX):
+            raise SchemaError(
+                f"column {self.name}: names starting with {RESERVED_PREFIX} are icesink's own "
+                "(the decoders' working columns)"
+            )
 
     @property
     def is_list(self) -> bool:

@@ -235,3 +235,14 @@ def test_a_process_keeps_one_file_io_per_set_of_credentials() -> None:
 
 class _AuthManager:
     """Stands for a REST catalog's auth manager: a new object after every unpickling."""
+
+
+def test_a_column_named_like_the_sinks_own_is_refused() -> None:
+    """Decoded rows carry the sink's columns (__icesink_op, __icesink_offset ...) beside the table's."""
+    with pytest.raises(
+        SchemaError, match="column __icesink_offset: names starting with __icesink_ are icesink's own"
+    ):
+        column_from_config("__icesink_offset", "long", False, None)
+    with pytest.raises(SchemaError, match="__icesink_op"):
+        column_from_connect({"field": "__icesink_op", "type": "string"})
+    assert column_from_config("offset", "long", False, None).name == "offset"
