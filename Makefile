@@ -57,8 +57,7 @@ lint:
 	.venv/bin/mypy --strict dev/stack.py dev/cpu_by_process.py
 	.venv/bin/mypy --explicit-package-bases tests/conftest.py readers/__init__.py tests/cdc.py tests/avro.py tests/smoke
 	.venv/bin/mypy --explicit-package-bases tests/ops
-	.venv/bin/mypy --explicit-package-bases bench tests/google_oauth.py tests/http_stub.py tests/sink/auth_proxy.py \
-		tests/sink/conftest.py tests/sink/test_catalogs.py tests/sink/test_catalog_auth.py
+	.venv/bin/mypy --explicit-package-bases bench tests/google_oauth.py tests/http_stub.py tests/sink
 	shellcheck scripts/check-chart scripts/k8s-chaos.sh deploy/docker/*.sh
 
 demo: bootstrap

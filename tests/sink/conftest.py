@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ class Sink:
         return changes
 
     def send(
-        self, records: list[tuple[str | None, str | None]], partition: int | None = None
+        self, records: Sequence[tuple[str | None, str | None]], partition: int | None = None
     ) -> list[tuple[int, int]]:
         """Produce raw (key, value) records, to one partition if given (a None value is a tombstone);
         returns where each one landed, as (partition, offset)."""

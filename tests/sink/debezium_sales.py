@@ -36,7 +36,7 @@ SALES_DDL = """CREATE TABLE {table} (
 )"""
 
 # Without schema sections the sink is told the columns; decimal.handling.mode=string sends the amount as text.
-SCHEMALESS_COLUMNS = [
+SCHEMALESS_COLUMNS: list[dict[str, Any]] = [
     {"name": "id", "type": "long", "required": True},
     {"name": "customer", "type": "string"},
     {"name": "amount", "type": "decimal(12,2)", "encoding": "decimal-text"},

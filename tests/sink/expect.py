@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol, cast
 
 from confluent_kafka import Consumer, Message
 from pyiceberg.catalog import Catalog
@@ -97,7 +97,22 @@ def send_txnlog_back(dsn: str, schema: str, sink_id: str, to: SinkState | None) 
         engine.dispose()
 
 
-def topic_records(bootstrap: str, topic: str, expected: int) -> list[Message]:
+Headers = list[tuple[str, bytes]]  # a consumed record's headers (see Record)
+
+
+class Record(Protocol):
+    """A consumed Kafka record, as the tests read it. confluent_kafka's stubs type ``headers()`` as what a
+    producer accepts (a dict, or pairs of str, bytes or None); a consumer's record has a list of pairs, or
+    None, and the values of icesink's headers are bytes (service/kafka/dead_letter.py ``_header``)."""
+
+    def key(self) -> bytes | None: ...
+
+    def value(self) -> bytes | None: ...
+
+    def headers(self) -> Headers | None: ...
+
+
+def topic_records(bootstrap: str, topic: str, expected: int) -> list[Record]:
     """Every record of ``topic``: at least ``expected`` are awaited, then a further poll collects any
     beyond them, so a duplicate or an extra record shows in the count."""
     consumer = Consumer(
@@ -113,4 +128,4 @@ def topic_records(bootstrap: str, topic: str, expected: int) -> list[Message]:
                 break
     finally:
         consumer.close()
-    return messages
+    return cast(list[Record], messages)

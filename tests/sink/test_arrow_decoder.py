@@ -711,10 +711,10 @@ def test_schema_sections_are_cut_out_and_handed_back() -> None:
     without = decode(plain, keys, offsets, COLUMNS, KEY).rows
     assert with_sections.rows.schema == without.schema
 
-    def values(rows: pa.Table) -> list[list[Any]]:  # NaN equals nothing: compared normalised
+    def row_values(rows: pa.Table) -> list[list[Any]]:  # NaN equals nothing: compared normalised
         return [[normalise(v) for v in row.values()] for row in comparable(rows)]
 
-    assert values(with_sections.rows) == values(without)
+    assert row_values(with_sections.rows) == row_values(without)
     assert [json.loads(t)["v"] for t in with_sections.schemas] == [1, 2]
 
 

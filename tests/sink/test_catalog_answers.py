@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
@@ -107,7 +107,9 @@ def test_stale_sequence_number_from_another_branch_is_retried_like_a_conflict(
     name = ".".join(table.name())
     table.append(pa.table({"id": [10], "v": ["main"]}, schema=ARROW_SCHEMA))
     table = rest_catalog.load_table(name)
-    table.manage_snapshots().create_branch(table.current_snapshot().snapshot_id, "audit").commit()
+    main = table.current_snapshot()
+    assert main is not None  # the append above made it
+    table.manage_snapshots().create_branch(main.snapshot_id, "audit").commit()
     sink_id = unique_name("sink")
     committer = Committer(log, log.claim(sink_id, "a"), proxied, noop_metrics(), max_attempts=5)
     pending = pending_for(table, [(1, "ours", "c")], offset=1)
@@ -142,7 +144,8 @@ def test_stale_sequence_number_from_another_branch_is_retried_like_a_conflict(
     ours = final.current_snapshot()
     assert ours is not None and ours.snapshot_id == pending.snapshot_id
     audit = final.snapshot_by_name("audit")
-    assert audit is not None and ours.sequence_number > audit.sequence_number
+    # cast: every snapshot of a format-version 2 table has a sequence number
+    assert audit is not None and cast(int, ours.sequence_number) > cast(int, audit.sequence_number)
     assert rows_of(table, rest_catalog) == [(1, "ours"), (10, "main")]
     assert log.state(sink_id).phase is Phase.COMMITTED  # type: ignore[union-attr]
 

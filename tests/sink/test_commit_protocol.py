@@ -7,7 +7,8 @@ landed once, twice or not at all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -49,7 +50,7 @@ def table(rest_catalog: Catalog, unique_name: Callable[[str], str]) -> Table:
     return new_table(rest_catalog, unique_name("proto"))
 
 
-def pending_for(table: Table, rows: list[tuple[int, str | None, str]], offset: int) -> PendingCommit:
+def pending_for(table: Table, rows: Sequence[tuple[int, str | None, str]], offset: int) -> PendingCommit:
     spec = WriteSpec(table.metadata, dict(table.io.properties), ["id"], upsert=True, delete_spec_id=0)
     batch = pa.table(
         {
@@ -98,6 +99,7 @@ def test_crash_after_precommit_is_resumed_with_the_same_files(
     first = committer(log, rest_catalog, sink_id, "a")
     pending = pending_for(table, [(1, "x", "c"), (2, "y", "c")], offset=2)
     log.precommit(first.lease, pending.to_payload())  # ... and the process dies here
+    assert pending.snapshot_id is not None  # pending_for pre-generates it
 
     second = committer(log, rest_catalog, sink_id, "b")
     result = second.recover()
@@ -105,7 +107,9 @@ def test_crash_after_precommit_is_resumed_with_the_same_files(
     assert result is not None  # a plan was pending, and recover() finished it
     landed = rest_catalog.load_table(".".join(table.name()))
     assert find_commit(landed, sink_id, pending.snapshot_id) is not None
-    assert landed.current_snapshot().snapshot_id == pending.snapshot_id  # same pre-generated id
+    current = landed.current_snapshot()
+    assert current is not None  # the commit find_commit found made one
+    assert current.snapshot_id == pending.snapshot_id  # same pre-generated id
     assert snapshots_of(rest_catalog, table, sink_id) == [1]
     state = log.state(sink_id)
     assert state is not None and state.phase is Phase.COMMITTED
@@ -234,15 +238,13 @@ def test_merged_manifests_keep_each_file_s_sequence_number(
     table = new_table(rest_catalog, unique_name("merge"))
     sink_id = unique_name("sink")
     c = committer(log, rest_catalog, sink_id, "a")
-    for offset, rows in enumerate(
-        [
-            [(1, "a", "c"), (2, "b", "c")],
-            [(1, "a2", "u")],
-            [(2, "b2", "u"), (3, "c", "c")],
-            [(1, None, "d")],
-        ],
-        start=1,
-    ):
+    commits: list[list[tuple[int, str | None, str]]] = [
+        [(1, "a", "c"), (2, "b", "c")],
+        [(1, "a2", "u")],
+        [(2, "b2", "u"), (3, "c", "c")],
+        [(1, None, "d")],
+    ]
+    for offset, rows in enumerate(commits, start=1):
         c.commit(pending_for(table, rows, offset=offset))
 
     final = rest_catalog.load_table(".".join(table.name()))
@@ -257,7 +259,10 @@ def test_merged_manifests_keep_each_file_s_sequence_number(
         entries = manifest.fetch_manifest_entry(final.io)
         assert len(entries) == (3 if manifest.content == ManifestContent.DATA else 1)
         for entry in entries:
-            assert entry.sequence_number == sequence_of[entry.snapshot_id], entry.data_file.file_path
+            # cast: a fetched entry inherits its manifest's snapshot id when it has none of its own
+            assert entry.sequence_number == sequence_of[cast(int, entry.snapshot_id)], (
+                entry.data_file.file_path
+            )
     con = duckdb_connect()
     rows = con.execute(f"SELECT id, v FROM iceberg_scan('{final.metadata_location}') ORDER BY id").fetchall()
     assert rows == [(2, "b2"), (3, "c")]

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import pytest
-from pyiceberg.catalog import load_catalog
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.manifest import ManifestContent
 
 from readers import duckdb_connect
@@ -16,7 +16,7 @@ from tests.sink.conftest import Sink
 from tests.sink.expect import appended_rows, assert_rows, assert_seqs_increasing, diff, sink_snapshots
 
 
-def _catalog(sink: Sink) -> Any:
+def _catalog(sink: Sink) -> Catalog:
     props = {k: v for k, v in sink.config["catalog"].items() if k != "name"}
     resolved = {k: os.path.expandvars(v) for k, v in props.items()}
     return load_catalog(sink.config["catalog"].get("name", "default"), **resolved)

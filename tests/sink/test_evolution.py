@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -22,6 +22,7 @@ from service.model.columns import (
     list_of,
 )
 from tests.sink.conftest import Sink
+from tests.sink.expect import Record
 from tests.sink.test_end_to_end import _catalog
 
 TABLE = iceberg_schema(
@@ -213,7 +214,7 @@ def _dead_letters(bootstrap: str, topic: str) -> list[dict[str, str]]:
     try:
         for _ in range(8):
             out += [
-                {k: v.decode() for k, v in m.headers() or []}
+                {k: v.decode() for k, v in cast(Record, m).headers() or []}
                 for m in consumer.consume(100, timeout=1)
                 if m.error() is None
             ]

@@ -11,9 +11,10 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.table.snapshots import Summary
 
 from service.sample import Change, SampleSource, ensure_topic, produce
 from tests.sink.conftest import Sink
@@ -37,7 +38,12 @@ def _name_becomes_an_int(change: Change) -> Change:
 
 def _landed(catalog: Catalog, table: str) -> int:
     snapshot = catalog.load_table(table).current_snapshot() if catalog.table_exists(table) else None
-    return int(snapshot.summary.additional_properties.get("total-records", -1)) if snapshot else -1
+    # cast: a format-version 2 snapshot has a summary
+    return (
+        int(cast(Summary, snapshot.summary).additional_properties.get("total-records", -1))
+        if snapshot
+        else -1
+    )
 
 
 def _three_tables(

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,7 @@ def test_a_maintainer_fenced_between_tasks_commits_nothing_more(make_sink: Any, 
             time.sleep(0.5)
         else:
             pytest.fail("the maintainer never finished its compaction")
+        assert state is not None  # the loop stopped at the state's committed payload
         newer = log.claim(row, "a newer maintainer")
         assert newer.epoch == state.epoch + 1
 
@@ -257,6 +259,7 @@ def test_the_maintenance_loop_answers_probes_and_stops_on_sigterm(make_sink: Any
     assert http_status(f"http://127.0.0.1:{port}/healthz") == 200
     assert http_status(f"http://127.0.0.1:{port}/readyz") == 200  # a pass has finished
     # The catalog's secret reaches the maintainer's Spark, but never a command line.
+    assert isinstance(maintainer.process, subprocess.Popen)  # a run given variables is a process of its own
     lines = _command_lines(maintainer.process.pid)
     assert any("org.apache.spark" in line for line in lines), lines  # the JVM is among them
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]

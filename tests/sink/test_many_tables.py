@@ -12,9 +12,10 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.table.snapshots import Summary
 
 from service.sample import Change, SampleSource, ensure_topic, produce
 from tests.sink.conftest import Sink
@@ -71,7 +72,12 @@ def _rows_in(catalog: Catalog, table: str) -> int:
     if not catalog.table_exists(table):
         return -1
     snapshot = catalog.load_table(table).current_snapshot()
-    return -1 if snapshot is None else int(snapshot.summary.additional_properties.get("total-records", 0))
+    # cast: a format-version 2 snapshot has a summary
+    return (
+        -1
+        if snapshot is None
+        else int(cast(Summary, snapshot.summary).additional_properties.get("total-records", 0))
+    )
 
 
 def test_topics_of_a_database_land_in_their_own_tables_exactly(

@@ -111,7 +111,7 @@ COLUMNS = [
     ),
 ]
 NAMES = [c[0] for c in COLUMNS]
-DECLARED = [
+DECLARED: list[dict[str, Any]] = [
     {"name": "id", "type": "long", "required": True},
     *[{"name": name, "type": declared} for name, _, declared, _, _ in COLUMNS],
 ]

@@ -48,7 +48,9 @@ CHANGES = {
 }
 
 
-def _mismatches(cdc: CdcSource, spark: Any, tables: dict[str, str], keys: dict[str, str]) -> list[str]:
+def _mismatches(
+    cdc: CdcSource, spark: Any, tables: dict[str, tuple[str, str]], keys: dict[str, str]
+) -> list[str]:
     problems = []
     for name, (source, target) in tables.items():
         rows = cdc.rows(source)
@@ -96,5 +98,5 @@ def test_a_debezium_database_lands_table_by_table(
     orders = rest_catalog.load_table(f"{namespace}.orders_{suffix}")
     assert [f.name for f in orders.spec().fields] == ["country"]
     for name, key in keys.items():  # the keys came from the Kafka record keys
-        table = rest_catalog.load_table(f"{namespace}.{name}_{suffix}")
-        assert table.schema().identifier_field_names() == {key}
+        landed = rest_catalog.load_table(f"{namespace}.{name}_{suffix}")
+        assert landed.schema().identifier_field_names() == {key}

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Context, Decimal
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -30,7 +30,7 @@ from service.model.columns import Column, column_from_config, columns_from_envel
 from tests.cdc import CdcSource, Connector, differences, write_corpus
 from tests.sink.conftest import Sink
 from tests.sink.decoders import comparable, kafka_positions
-from tests.sink.expect import topic_records
+from tests.sink.expect import Headers, topic_records
 
 DDL = """CREATE TABLE {table} (
     id int PRIMARY KEY,
@@ -294,7 +294,10 @@ def test_postgres_numbers_land_value_by_value(
 
     letters = topic_records(stack.kafka_bootstrap, f"{sink.name}.dlq", len(dead))
     reasons = {
-        json.loads(m.key())["payload"]["id"]: dict(m.headers())["icesink.error"].decode() for m in letters
+        json.loads(cast(bytes, m.key()))["payload"]["id"]: dict(cast(Headers, m.headers()))[
+            "icesink.error"
+        ].decode()
+        for m in letters
     }
     assert sorted(reasons) == sorted(dead), reasons
     for key, value in dead.items():

@@ -281,6 +281,7 @@ def _check_mode(
         if reference[ERROR_COLUMN] is not None:
             problems.append(f"{mode}: record {offset} is a dead letter: {reference[ERROR_COLUMN]}")
         row = want[got["id"]]
+        encoded: bytes | str | None  # the source bytes, then as the record encodes them
         encoded = None if row["b"] is None else bytes(row["b"])
         if encoded is not None:
             encoded = encoded.hex() if mode == "hex" else base64.b64encode(encoded).decode()

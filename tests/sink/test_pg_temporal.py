@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -240,7 +240,7 @@ def _letters(sink: Sink, dead: dict[int, tuple[dict[str, str], str]]) -> list[st
     expected = sorted(k + o for k in dead for o in (0, STREAMED))
     letters = topic_records(sink.bootstrap, f"{sink.name}.dlq", len(expected))
     reasons = {
-        json.loads(m.key())["payload"]["id"]: dict(m.headers() or [])["icesink.error"].decode()
+        json.loads(cast(bytes, m.key()))["payload"]["id"]: dict(m.headers() or [])["icesink.error"].decode()
         for m in letters
     }
     problems = [] if sorted(reasons) == expected else [f"{sink.table}: dead letters {sorted(reasons)}"]

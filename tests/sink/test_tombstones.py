@@ -7,7 +7,7 @@ event gone. A sink that lags behind compaction sees nothing else of the delete.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from readers import duckdb_rows, spark_rows
 from tests.sink.conftest import Sink, change
@@ -37,7 +37,7 @@ def test_tombstone_deletes_the_key(make_sink: Any, spark: Any) -> None:
         ]
     )
     records = topic_records(sink.bootstrap, sink.topic, 5)
-    events = [json.loads(m.value())["payload"] for m in records if m.value() is not None]
+    events = [json.loads(cast(bytes, m.value()))["payload"] for m in records if m.value() is not None]
     assert len(records) == 5 and [e["op"] for e in events] == ["u", "u"]  # the topic holds no `d` event
 
     run = sink.run_until_caught_up()

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pyiceberg.catalog import Catalog
@@ -63,7 +63,7 @@ def landed(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lan
         (s for s in table.snapshots() if s.summary and s.summary.get("icesink.offsets")),
         key=lambda s: s.sequence_number or 0,
     )
-    offsets = [json.loads(s.summary["icesink.offsets"])[sink.topic] for s in commits if s.summary]
+    offsets = [json.loads(cast(str, s.summary["icesink.offsets"]))[sink.topic] for s in commits if s.summary]
     # The fixture's premise: two commits, the first covering exactly the inserts.
     assert offsets == [{"0": BATCH}, {"0": 2 * BATCH}], offsets
     yield Landed(sink, catalog, commits[0].snapshot_id, first_rows)
