@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -73,9 +74,14 @@ def _status(config: SinkConfig, args: argparse.Namespace) -> int:
 
 
 def _check(config: SinkConfig, args: argparse.Namespace) -> int:
-    from service.ops.check import run_checks
+    from service.ops.check import Outcome, run_checks
 
-    return EXIT_OK if run_checks(config, args.timeout.total_seconds()) else EXIT_FAILED
+    outcome = run_checks(config, args.timeout.total_seconds())
+    if outcome is Outcome.ABANDONED:  # leave the check that did not answer behind, now
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)
+    return EXIT_OK if outcome is Outcome.PASSED else EXIT_FAILED
 
 
 def _orphans(config: SinkConfig, args: argparse.Namespace) -> int:
@@ -144,6 +150,13 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_duration(text: str) -> timedelta:
+    duration = _duration(text)
+    if duration <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
+    return duration
+
+
 COMMANDS: dict[str, Callable[[SinkConfig, argparse.Namespace], int]] = {
     "run": _run,
     "status": _status,
@@ -171,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate the configuration and reach every server")
     check.add_argument(
         "--timeout",
-        type=_duration,
+        type=_positive_duration,
         default=timedelta(seconds=60),
         help="how long each server may take to answer its check (default 60s; jar downloads are not limited)",
     )

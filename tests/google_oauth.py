@@ -71,7 +71,7 @@ class GoogleTokenService:
 
     def tokens_issued(self, how: str) -> int:
         """How many tokens were issued ``how``: "key" or "metadata"."""
-        return sum(1 for kind in self.issued.values() if kind == how)
+        return sum(1 for kind in list(self.issued.values()) if kind == how)  # served while counted
 
     def write_key(self, path: Path, token_uri: str, project: str = PROJECT) -> Path:
         """The service account's JSON key, readable by this user only, as Google hands one out."""

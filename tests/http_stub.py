@@ -61,7 +61,8 @@ class StubServer:
                 self.send_response(reply.status)
                 for key, value in reply.headers:
                     self.send_header(key, value)
-                self.send_header("Content-Length", str(len(reply.body)))
+                if not any(k.lower() == "content-length" for k, _ in reply.headers):
+                    self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(reply.body)
@@ -93,23 +94,24 @@ class StubServer:
             self._server.server_close()
 
 
-def forward(request: Request, upstream: str, proxy_url: str = "") -> Reply:
-    """``request`` sent to ``upstream`` as it came, and the whole answer; a ``Location`` that points at
-    ``upstream`` (a resumable upload's next address) is turned to ``proxy_url``, so the client's next
-    requests come back through the proxy too."""
+def forward(request: Request, upstream: str, proxy_url: str = "", drop: tuple[str, ...] = ()) -> Reply:
+    """``request`` sent to ``upstream`` as it came (but the headers named in ``drop``, lower case), and
+    the whole answer; a ``Location`` that points at ``upstream`` (a resumable upload's next address) is
+    turned to ``proxy_url``, so the client's next requests come back through the proxy too."""
     target = urlsplit(upstream)
     conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=120)
     try:
-        headers = {k: v for k, v in request.headers.items() if k not in _HOP}
+        headers = {k: v for k, v in request.headers.items() if k not in _HOP and k not in drop}
         path = target.path.rstrip("/") + request.path
         conn.request(request.method, path, body=request.body, headers=headers)
         answer = conn.getresponse()
         data = answer.read()
     finally:
         conn.close()
+    hop = _HOP - {"content-length"} if request.method == "HEAD" else _HOP  # a HEAD's says the object's
     kept = [
         (k, v.replace(upstream, proxy_url) if proxy_url and k.lower() == "location" else v)
         for k, v in answer.getheaders()
-        if k.lower() not in _HOP
+        if k.lower() not in hop
     ]
     return Reply(answer.status, data, kept)

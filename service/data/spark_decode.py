@@ -587,8 +587,8 @@ def _envelope_errors(
 def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
     """The last change of every key in the batch (rule 3: one data row per key per snapshot).
 
-    ``changes`` has the table's columns, :data:`SOURCE_COLUMNS`, ``topic``, ``partition`` and
-    ``offset``. A key's changes are ordered by their source position (:data:`SOURCE_FIELDS`, in that
+    ``changes`` has the table's columns, :data:`SOURCE_COLUMNS` and the records' Kafka position
+    (:data:`KAFKA_POSITION`). A key's changes are ordered by their source position (:data:`SOURCE_FIELDS`, in that
     order, a missing field lowest), then by Kafka offset. A change without a source position (a
     tombstone, an event without a ``source`` section) takes that of the closest earlier change of its
     key in the same partition, so within a partition it follows that change; offsets order changes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 from service.config import SinkConfig
 
@@ -63,7 +64,28 @@ def _catalog(config: SinkConfig) -> str:
     return f"table {config.table.identifier} (format v{table.metadata.format_version}) at {table.location()}"
 
 
-def _storage(config: SinkConfig) -> str:
+class ObjectStoreCheck:
+    """Write and delete a small object where the table's files go; :meth:`hint` says why the store
+    may not have answered, from the location the probe was for."""
+
+    def __init__(self) -> None:
+        self.location = ""
+
+    def run(self, config: SinkConfig) -> str:
+        return _storage(config, self)
+
+    def hint(self, config: SinkConfig) -> str:
+        location = self.location or str(config.catalog.get("warehouse", ""))
+        if location.startswith("gs://") and not config.catalog_properties.get("gcs.oauth2.token"):
+            return (
+                "; with no gcs.oauth2.token, GCS credentials come from GOOGLE_APPLICATION_CREDENTIALS, "
+                "gcloud's application-default login or the metadata server (GCE_METADATA_ROOT), and "
+                "pyarrow's client waits up to 15 minutes for one of them"
+            )
+        return ""
+
+
+def _storage(config: SinkConfig, check: ObjectStoreCheck) -> str:
     """Write and delete a small object where the table's files go."""
     import uuid
 
@@ -86,6 +108,7 @@ def _storage(config: SinkConfig) -> str:
         if not location or ("://" not in location and not location.startswith("/")):
             return "skipped: table not created yet and no warehouse location configured"
         io = load_file_io(with_object_store_io(config.catalog_properties), location)
+    check.location = location
     probe = f"{location.rstrip('/')}/.icesink-check-{uuid.uuid4().hex}"
     with io.new_output(probe).create() as out:
         out.write(b"ok")
@@ -113,18 +136,6 @@ def _spark_master(config: SinkConfig) -> str:
     return check_master(config.spark.master)
 
 
-def _storage_hint(config: SinkConfig) -> str:
-    """Why a store may not answer a probe, where a likely reason is known."""
-    props = config.catalog_properties
-    if str(config.catalog.get("warehouse", "")).startswith("gs://") and not props.get("gcs.oauth2.token"):
-        return (
-            "; with no gcs.oauth2.token, GCS credentials come from GOOGLE_APPLICATION_CREDENTIALS, "
-            "gcloud's application-default login or the metadata server (GCE_METADATA_ROOT), and "
-            "pyarrow's client waits up to 15 minutes for one of them"
-        )
-    return ""
-
-
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -133,16 +144,18 @@ class Check:
     hint: Callable[[SinkConfig], str] = lambda config: ""
 
 
-CHECKS: list[Check] = [
-    Check("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
-    Check("spark jars", _spark_jars, bounded=False),
-    Check("spark master", _spark_master),
-    Check("kafka", _kafka),
-    Check("txnlog (postgres)", _txnlog),
-    Check("committed offsets", _offsets),
-    Check("catalog", _catalog),
-    Check("object store", _storage, hint=_storage_hint),
-]
+def checks() -> list[Check]:
+    store = ObjectStoreCheck()
+    return [
+        Check("configuration", lambda c: f"sink {c.sink_id} → {c.table.identifier} ({c.table.mode.value})"),
+        Check("spark jars", _spark_jars, bounded=False),
+        Check("spark master", _spark_master),
+        Check("kafka", _kafka),
+        Check("txnlog (postgres)", _txnlog),
+        Check("committed offsets", _offsets),
+        Check("catalog", _catalog),
+        Check("object store", store.run, hint=store.hint),
+    ]
 
 
 class NoAnswer(Exception):
@@ -171,12 +184,20 @@ def _within(seconds: float, check: Check, config: SinkConfig) -> str:
     raise NoAnswer(f"no answer within {seconds:g} s{check.hint(config)}")
 
 
-def run_checks(config: SinkConfig, timeout_s: float) -> bool:
-    for check in CHECKS:
+class Outcome(Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    # A check did not answer in time and was left running: the process must not wait for it at exit
+    # (pyarrow's S3 finalizer, run at exit, waits for the calls in flight, for minutes).
+    ABANDONED = "abandoned"
+
+
+def run_checks(config: SinkConfig, timeout_s: float) -> Outcome:
+    for check in checks():
         try:
             detail = _within(timeout_s, check, config)
         except Exception as exc:  # every failure becomes one readable line
             print(f"FAIL {check.name}: {type(exc).__name__}: {exc}", flush=True)
-            return False
+            return Outcome.ABANDONED if isinstance(exc, NoAnswer) else Outcome.FAILED
         print(f"ok   {check.name}: {detail}", flush=True)
-    return True
+    return Outcome.PASSED

@@ -253,15 +253,27 @@ def test_sql_catalog_with_gcs_and_application_default_credentials_lands_and_is_m
     assert seen["sink"] == {"self-signed"} and seen["maintainer"] >= {"key"}, seen
 
 
+def _no_google_credentials(tmp_path: Path) -> dict[str, str | None]:
+    """No key, and no gcloud login of whoever runs the tests (an empty gcloud configuration directory):
+    Google's libraries look for both before the metadata server."""
+    return {"GOOGLE_APPLICATION_CREDENTIALS": None, "CLOUDSDK_CONFIG": str(tmp_path / "gcloud")}
+
+
 def test_sql_catalog_with_gcs_and_the_metadata_server_lands_and_is_maintained(
-    make_sink: Any, spark: Any, stack: Any, gcs: str, gcs_service_account: Any, unique_name: Any
+    make_sink: Any,
+    spark: Any,
+    stack: Any,
+    gcs: str,
+    gcs_service_account: Any,
+    unique_name: Any,
+    tmp_path: Path,
 ) -> None:
     """No token and no key: the service account's tokens come from the metadata server, as on Compute
     Engine or on GKE with workload identity. The stand-in serves it; both libraries are pointed at it
     as Google documents for a metadata server at another address (``GCE_METADATA_ROOT`` for pyarrow's
     C++ client, ``GCE_METADATA_HOST`` for the Java one the maintainer's GCSFileIO uses)."""
     host = gcs_service_account.metadata_host
-    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GOOGLE_APPLICATION_CREDENTIALS": None}
+    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, **_no_google_credentials(tmp_path)}
     seen = _lands_and_is_maintained_with_credentials_from(
         env, make_sink, spark, stack, gcs, gcs_service_account, unique_name("gcsmeta")
     )
@@ -269,7 +281,7 @@ def test_sql_catalog_with_gcs_and_the_metadata_server_lands_and_is_maintained(
 
 
 def test_check_gives_up_on_a_gcs_store_it_finds_no_credentials_for(
-    make_sink: Any, stack: Any, gcs: str, unique_name: Any
+    make_sink: Any, stack: Any, gcs: str, unique_name: Any, tmp_path: Path
 ) -> None:
     """No token, no key, and a metadata server that answers only 503: pyarrow's GCS client would go on
     asking it for 15 minutes. `icesink check` gives up on the object store at its time limit and says
@@ -284,7 +296,7 @@ def test_check_gives_up_on_a_gcs_store_it_finds_no_credentials_for(
     host = metadata.start().removeprefix("http://")
     catalog = {k: v for k, v in gcs_catalog(stack, gcs, unique_name("gcsnone")).items() if "oauth2" not in k}
     sink = make_sink(catalog=catalog, **_SINK)
-    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, "GOOGLE_APPLICATION_CREDENTIALS": None}
+    env = {"GCE_METADATA_ROOT": host, "GCE_METADATA_HOST": host, **_no_google_credentials(tmp_path)}
     try:
         started = time.monotonic()
         done = sink.cli("check", "--timeout", "10s", env=env, timeout=300)

@@ -8,6 +8,7 @@ hold the source's rows exactly.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -64,7 +65,8 @@ def test_columns_named_like_kafka_record_fields_land_as_any_column(
         source={"decoder": decoder},
     )
     log = sink.run_until_caught_up().log()
-    assert " 0 dead letters" in log, log[-4000:]
+    dead = [int(n) for n in re.findall(r"(\d+) dead letters", log)]
+    assert dead and not any(dead), log[-4000:]
     if decoder == "auto":
         assert "arrow decoder" in log and "declined" not in log, log[-4000:]
     source = cdc.rows(table)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 
 import pytest
 
+from service.cli import _positive_duration
 from service.ops.check import Check, NoAnswer, _within
 
 
@@ -31,6 +33,12 @@ def test_a_failing_check_raises_its_own_error() -> None:
 
     with pytest.raises(PermissionError, match="403"):
         _within(5, Check("store", refuse), config=None)  # type: ignore[arg-type]
+
+
+def test_a_time_limit_must_be_more_than_zero() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="0s: must be more than 0"):
+        _positive_duration("0s")
+    assert _positive_duration("2m").total_seconds() == 120
 
 
 def test_an_unbounded_check_takes_as_long_as_it_needs() -> None:
