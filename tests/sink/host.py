@@ -25,8 +25,8 @@ A run is a process, as before, when
 * its configuration does not load, exports metrics, serves health probes, runs on a cluster, or names
   other Spark settings (master, jars, conf) than the run that started the host's session;
 * the test asks for a process (``Sink.start(process=True)``): a run it SIGKILLs as its story;
-* it is the long-running ``maintain`` (a test signals it, probes its health) or has a Spark session
-  of another master (``check``).
+* it is the long-running ``maintain`` (a test signals it, probes its health) or ``check``, which may
+  start a Spark session of another master and ends its process at once after a check it gave up on.
 The host runs with the pytest process's environment, as a sink process would; it is started again
 when that changes (the ``spark`` fixture's Spark sets variables). A hosted run a test stops gets the
 CLI's own SIGTERM handler; a SIGKILL can only be approximated (a stop, then the host is killed if the
