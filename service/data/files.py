@@ -308,13 +308,18 @@ def located_of(blobs: list[bytes]) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
 
-def write_partition(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: all rows of one Spark partition → one record batch of file metadata."""
+def write_partition(
+    spec: WriteSpec, batches: Iterator[pa.RecordBatch], names: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: all rows of one Spark partition → one record batch of file metadata.
+    ``names``: the rows' column names, for rows handed over under positional ones (see
+    :func:`service.pipeline.table.positional`)."""
     freeze_survivors()
     collected = list(batches)
     if not collected:
         return
-    written = write_files(spec, pa.Table.from_batches(collected))
+    rows = pa.Table.from_batches(collected)
+    written = write_files(spec, rows.rename_columns(names) if names is not None else rows)
     files = written.files
     blob = ipc_bytes(written.located) if written.located is not None else None
     yield pa.RecordBatch.from_pydict(

@@ -455,7 +455,8 @@ class TablePipeline:
                     self.config.write.parallelism, *[F.col(f"`{s}`") for s in sources if s]
                 )
             write_spec = self._write_spec(table)
-            out = rows.mapInArrow(partial(write_partition, write_spec), OUTPUT_SCHEMA).collect()
+            write = partial(write_partition, write_spec, names=rows.columns)
+            out = positional(rows).mapInArrow(write, OUTPUT_SCHEMA).collect()
             files = [from_json(json.loads(r["file"])) for r in out if r["content"] != LOCATED]
             located = located_of([r["located"] for r in out if r["content"] == LOCATED])
             # Last, so that a batch retried because its files could not be written (catalog or object
@@ -490,6 +491,13 @@ class TablePipeline:
             tombstones=self.upsert,
             versions=versions,
         )
+
+
+def positional(rows: DataFrame) -> DataFrame:
+    """``rows`` with its columns named by position (``_0``, ``_1``, ...): PySpark's ``mapInArrow``
+    refers to each column by its unquoted name, which fails for a name with a dot in it (a source
+    column ``"customer.name"``); the task renames them back (``write_partition``'s ``names``)."""
+    return rows.toDF(*[f"_{i}" for i in range(len(rows.columns))])
 
 
 def write_framed(pipeline: TablePipeline, records: KafkaRecords, offsets: Offsets) -> TableWrite:

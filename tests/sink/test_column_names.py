@@ -1,9 +1,11 @@
-"""Source columns named like the fields of a Kafka record land as any other column.
+"""Source columns named like the fields of a Kafka record, or with a space, a dot or capitals in their
+names, land as any other column.
 
 A PostgreSQL table whose columns are called ``key``, ``value``, ``topic``, ``partition``, ``offset`` and
-``timestamp`` (names a key-value or an event table has) is captured by a real Debezium connector; both
-decoders read each record's own fields beside the row's columns of the same names, and the table must
-hold the source's rows exactly.
+``timestamp`` (names a key-value or an event table has), ``"Order Date"``, ``"dotted.name"`` and
+``"CustomerID"`` is captured by a real Debezium connector; both decoders read each record's own fields
+beside the row's columns of the same names, Spark's writer takes the dotted name (PySpark's
+``mapInArrow`` refers to columns by unquoted name), and the table must hold the source's rows exactly.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ def captured(stack: Any) -> Iterator[tuple[CdcSource, str, str]]:
     with open_cdc(stack) as cdc:
         cdc.execute(
             f"""CREATE TABLE {table} (id bigint PRIMARY KEY, "key" text, "value" numeric(12, 2), "topic" text,
-                "partition" int, "offset" bigint, "timestamp" timestamptz)""",
+                "partition" int, "offset" bigint, "timestamp" timestamptz, "Order Date" date, "dotted.name" int,
+                "CustomerID" text)""",
             f"""INSERT INTO {table} SELECT g, 'k' || g, g * 1.5, 'shop.t' || g, g % 3, g * 1000,
-                timestamptz '2026-01-01 00:00:00+00' + g * interval '1 hour' FROM generate_series(1, {ROWS}) g""",
+                timestamptz '2026-01-01 00:00:00+00' + g * interval '1 hour', date '2026-01-01' + g, g * 7,
+                'C' || g FROM generate_series(1, {ROWS}) g""",
         )
         connector = cdc.register(f"dbz_names_{suffix}", [table], schemas=True)
         connector.wait_snapshot_done()
