@@ -609,4 +609,4 @@ def latest_per_key(changes: DataFrame, key: list[str]) -> DataFrame:
     )
     others = [c for c in changes.columns if c not in key]
     latest = F.max_by(F.struct(*[F.col(f"`{c}`") for c in others]), F.col(_ORDER)).alias("latest")
-    return changes.withColumn(_ORDER, order).groupBy(*keys).agg(latest).select(*key, "latest.*")
+    return changes.withColumn(_ORDER, order).groupBy(*keys).agg(latest).select(*keys, "latest.*")

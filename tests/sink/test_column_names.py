@@ -3,7 +3,7 @@ names, land as any other column.
 
 A PostgreSQL table whose columns are called ``key``, ``value``, ``topic``, ``partition``, ``offset`` and
 ``timestamp`` (names a key-value or an event table has), ``"Order Date"``, ``"dotted.name"`` and
-``"CustomerID"`` is captured by a real Debezium connector; both decoders read each record's own fields
+``"CustomerID"``, keyed by ``"row.id"``, is captured by a real Debezium connector; both decoders read each record's own fields
 beside the row's columns of the same names, Spark's writer takes the dotted name (PySpark's
 ``mapInArrow`` refers to columns by unquoted name), and the table must hold the source's rows exactly.
 """
@@ -24,9 +24,9 @@ from tests.sink.debezium_sales import assert_table_matches
 ROWS = 50
 # Streamed after the snapshot: 10 updates, 5 deletes (each followed by a tombstone), 1 insert.
 CHANGES = [
-    'UPDATE {table} SET "value" = "value" + 1, "offset" = -1, "key" = NULL WHERE id <= 10',
-    "DELETE FROM {table} WHERE id BETWEEN 11 AND 15",
-    "INSERT INTO {table} (id) VALUES (100)",
+    'UPDATE {table} SET "value" = "value" + 1, "offset" = -1, "key" = NULL WHERE "row.id" <= 10',
+    'DELETE FROM {table} WHERE "row.id" BETWEEN 11 AND 15',
+    'INSERT INTO {table} ("row.id") VALUES (100)',
 ]
 EVENTS = ROWS + 10 + 5 * 2 + 1
 
@@ -38,7 +38,7 @@ def captured(stack: Any) -> Iterator[tuple[CdcSource, str, str]]:
     table = f"public.kafka_names_{suffix}"
     with open_cdc(stack) as cdc:
         cdc.execute(
-            f"""CREATE TABLE {table} (id bigint PRIMARY KEY, "key" text, "value" numeric(12, 2), "topic" text,
+            f"""CREATE TABLE {table} ("row.id" bigint PRIMARY KEY, "key" text, "value" numeric(12, 2), "topic" text,
                 "partition" int, "offset" bigint, "timestamp" timestamptz, "Order Date" date, "dotted.name" int,
                 "CustomerID" text)""",
             f"""INSERT INTO {table} SELECT g, 'k' || g, g * 1.5, 'shop.t' || g, g % 3, g * 1000,
@@ -65,7 +65,7 @@ def test_columns_named_like_kafka_record_fields_land_as_any_column(
     sink = make_sink(
         mode="upsert",
         kafka={"topics": [topic]},
-        table={"identifier": f"{unique_name('ns')}.kafka_names", "key": ["id"]},
+        table={"identifier": f"{unique_name('ns')}.kafka_names", "key": ["row.id"]},
         source={"decoder": decoder},
     )
     log = sink.run_until_caught_up().log()
@@ -75,4 +75,4 @@ def test_columns_named_like_kafka_record_fields_land_as_any_column(
         assert "arrow decoder" in log and "declined" not in log, log[-4000:]
     source = cdc.rows(table)
     assert len(source) == ROWS - 5 + 1
-    assert_table_matches(spark, sink.table, source, key="id")
+    assert_table_matches(spark, sink.table, source, key="row.id")
