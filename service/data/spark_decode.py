@@ -49,6 +49,7 @@ from service.data.envelope import (
     MAX_LONG_DIGITS,
     OFFSET,
     PARTITION,
+    RECORD_POSITION,
     SOURCE_COLUMNS,
     SOURCE_FIELDS,
     STRICT_BASE64,
@@ -70,7 +71,7 @@ from service.model.columns import Column, Encoding
 
 CORRUPT_COLUMN = "__icesink_corrupt"
 # A Kafka record's fields, under their names in decoded rows (see envelope.record_field).
-RECORD_FIELDS = ["topic", "partition", "offset", "timestamp", "key", "value"]
+RECORD_FIELDS = [*RECORD_POSITION, "timestamp", "key", "value"]
 _RECORD = [record_field(name) for name in RECORD_FIELDS]
 _KEY, _VALUE_BYTES = record_field("key"), record_field("value")
 _ORDER = "__icesink_order"

@@ -72,7 +72,33 @@ class ObjectStoreCheck:
         self.location = ""
 
     def run(self, config: SinkConfig) -> str:
-        return _storage(config, self)
+        import uuid
+
+        from pyiceberg.exceptions import NoSuchTableError
+
+        from service.iceberg.tables import open_catalog
+
+        catalog = open_catalog(config)
+        try:
+            if config.table.is_template:  # the tables are named by the topics they come from
+                raise NoSuchTableError(config.table.identifier)
+            table = catalog.load_table(config.table.identifier)
+            io, location = table.io, table.location()
+        except NoSuchTableError:
+            from pyiceberg.io import load_file_io
+
+            from service.model.object_store import with_object_store_io
+
+            location = config.catalog.get("warehouse", "")
+            if not location or ("://" not in location and not location.startswith("/")):
+                return "skipped: table not created yet and no warehouse location configured"
+            io = load_file_io(with_object_store_io(config.catalog_properties), location)
+        self.location = location
+        probe = f"{location.rstrip('/')}/.icesink-check-{uuid.uuid4().hex}"
+        with io.new_output(probe).create() as out:
+            out.write(b"ok")
+        io.delete(probe)
+        return f"wrote and deleted {probe}"
 
     def hint(self, config: SinkConfig) -> str:
         location = self.location or str(config.catalog.get("warehouse", ""))
@@ -83,37 +109,6 @@ class ObjectStoreCheck:
                 "pyarrow's client waits up to 15 minutes for one of them"
             )
         return ""
-
-
-def _storage(config: SinkConfig, check: ObjectStoreCheck) -> str:
-    """Write and delete a small object where the table's files go."""
-    import uuid
-
-    from pyiceberg.exceptions import NoSuchTableError
-
-    from service.iceberg.tables import open_catalog
-
-    catalog = open_catalog(config)
-    try:
-        if config.table.is_template:  # the tables are named by the topics they come from
-            raise NoSuchTableError(config.table.identifier)
-        table = catalog.load_table(config.table.identifier)
-        io, location = table.io, table.location()
-    except NoSuchTableError:
-        from pyiceberg.io import load_file_io
-
-        from service.model.object_store import with_object_store_io
-
-        location = config.catalog.get("warehouse", "")
-        if not location or ("://" not in location and not location.startswith("/")):
-            return "skipped: table not created yet and no warehouse location configured"
-        io = load_file_io(with_object_store_io(config.catalog_properties), location)
-    check.location = location
-    probe = f"{location.rstrip('/')}/.icesink-check-{uuid.uuid4().hex}"
-    with io.new_output(probe).create() as out:
-        out.write(b"ok")
-    io.delete(probe)
-    return f"wrote and deleted {probe}"
 
 
 def _spark_jars(config: SinkConfig) -> str:
